@@ -1,0 +1,1 @@
+//! InfiniBand connection manager: MAD codecs and the handshake state machine.

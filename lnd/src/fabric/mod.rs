@@ -1,0 +1,212 @@
+//! The fabric layer: a verbs-shaped device abstraction.
+//!
+//! The traits here map one-to-one onto libibverbs objects (device context, protection domain,
+//! memory region, completion queue, RC queue pair) and onto the GSI (QP1) management-datagram
+//! service the connection manager runs on. Everything above this module (CM, connections,
+//! credits, the driver) is written against these traits and nothing else, so the same LND runs
+//! on the software RoCEv2 device ([`soft`]) and on real InfiniBand/RoCE NICs (`verbs`, behind the
+//! cargo feature of that name).
+//!
+//! # Contract
+//! * **Progress is poll-driven.** A device never spawns threads. The driver calls
+//!   [`Device::progress`] with the current time whenever one of [`Device::pollable_fds`] is
+//!   readable, after posting work, and when [`Device::next_deadline`] passes. A device with
+//!   real hardware behind it may have nothing to do in `progress`.
+//! * **Completions** are reaped with [`CompletionQueue::poll`]. [`CompletionQueue::req_notify`]
+//!   arms the CQ: the next completion makes [`CompletionQueue::event_fd`] readable; consume the
+//!   notification with [`CompletionQueue::get_event`], re-arm, then poll again (a completion can
+//!   land between the last poll and the arm).
+//! * **Memory.** [`Device::reg_mr`] is the one `unsafe` entry point: the caller promises the
+//!   memory outlives the region. The device touches registered memory only while the region is
+//!   registered and only inside it; dropping a [`MemoryRegion`] deregisters it, after which the
+//!   device never touches those bytes again. Posting is therefore safe: a bad key or range fails
+//!   the work request with `LOC_PROT_ERR`, as on hardware.
+//! * **Errors** are typed ([`FabricError`]); QP creation that runs out of device resources fails
+//!   with [`FabricError::Resource`] so callers can retry with smaller queues.
+//! * **Every posted work request completes exactly once** if it is signaled or fails: with
+//!   success, its error, or `WR_FLUSH_ERR` once the QP is in ERR.
+
+pub mod error;
+pub mod soft;
+pub mod types;
+
+use std::net::Ipv4Addr;
+use std::os::fd::RawFd;
+
+pub use error::FabricError;
+pub use types::*;
+
+use crate::time::Instant;
+
+/// Counters a device keeps about its transport (all zero where hardware hides them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FabricStats {
+    /// Packets transmitted, retransmissions included.
+    pub tx_packets: u64,
+    /// Payload and header bytes transmitted.
+    pub tx_bytes: u64,
+    /// Packets received and accepted.
+    pub rx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Packets sent again after a timeout or a NAK.
+    pub retransmits: u64,
+    /// Retransmission timeouts that fired.
+    pub timeouts: u64,
+    /// PSN-sequence NAKs sent.
+    pub seq_naks: u64,
+    /// RNR NAKs sent (no receive posted).
+    pub rnr_naks: u64,
+    /// Duplicate request packets received (re-acknowledged, never delivered twice).
+    pub duplicates: u64,
+    /// Packets dropped because the invariant CRC did not match.
+    pub bad_icrc: u64,
+    /// Packets dropped because they did not parse or addressed no live QP.
+    pub malformed: u64,
+    /// RDMA WRITEs refused by the protection checks (remote access errors sent).
+    pub access_errors: u64,
+    /// Management datagrams sent.
+    pub mads_sent: u64,
+    /// Management datagrams received.
+    pub mads_received: u64,
+}
+
+/// An opened RDMA device port: the root of the object graph (`ibv_context` + port).
+pub trait Device: Send + Sync + 'static {
+    /// Protection domain.
+    type Pd: ProtectionDomain;
+    /// Completion queue.
+    type Cq: CompletionQueue;
+    /// Reliable-connected queue pair.
+    type Qp: QueuePair;
+    /// Registered memory region.
+    type Mr: MemoryRegion;
+
+    /// The device name (`soft0`, `mlx5_0`, ...).
+    fn name(&self) -> &str;
+
+    /// Device capabilities.
+    fn query_device(&self) -> DeviceAttr;
+
+    /// Attributes of the port this device object drives.
+    fn query_port(&self) -> PortAttr;
+
+    /// The fabric address of the port that owns `ip` (address resolution, as
+    /// `rdma_resolve_addr` does for an IPoIB or RoCE address).
+    fn resolve(&self, ip: Ipv4Addr) -> Result<PortAddr, FabricError>;
+
+    /// Allocates a protection domain.
+    fn alloc_pd(&self) -> Result<Self::Pd, FabricError>;
+
+    /// Creates a completion queue with room for at least `cqe` entries if the device allows;
+    /// the actual size ([`CompletionQueue::cqe`]) may be rounded up or clamped to `max_cqe`.
+    fn create_cq(&self, cqe: u32) -> Result<Self::Cq, FabricError>;
+
+    /// Registers `len` bytes at `addr` in `pd` with `access`.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must be valid for reads and writes for as long as the returned region
+    /// exists, and must not be accessed through Rust references while the device may write it
+    /// (that is, while a receive or a peer's RDMA WRITE targeting it can be in progress; a
+    /// completion, or deregistration, ends that).
+    unsafe fn reg_mr(
+        &self,
+        pd: &Self::Pd,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Self::Mr, FabricError>;
+
+    /// Creates an RC queue pair in RESET. Capacities above the per-QP limits are clamped
+    /// (see [`QueuePair::caps`]); if the device lacks the resources to hold the queues the
+    /// call fails with [`FabricError::Resource`].
+    fn create_qp(
+        &self,
+        pd: &Self::Pd,
+        send_cq: &Self::Cq,
+        recv_cq: &Self::Cq,
+        attr: &QpInitAttr,
+    ) -> Result<Self::Qp, FabricError>;
+
+    /// Sends a management datagram to the GSI (QP1) of the port at `dest`. Unreliable: it may
+    /// be lost, duplicated or reordered.
+    fn send_mad(&self, dest: &PortAddr, mad: &Mad) -> Result<(), FabricError>;
+
+    /// The next management datagram addressed to this port's GSI, with the sender's address.
+    fn recv_mad(&self) -> Option<(PortAddr, Mad)>;
+
+    /// The next asynchronous event, if any.
+    fn poll_async_event(&self) -> Option<AsyncEvent>;
+
+    /// Does whatever work is due at `now`: receives packets, runs the transport, fires
+    /// timers. Never blocks.
+    fn progress(&self, now: Instant) -> Result<(), FabricError>;
+
+    /// When `progress` next needs to run even if no fd becomes readable; `Some(t <= now)`
+    /// means work is pending now.
+    fn next_deadline(&self) -> Option<Instant>;
+
+    /// File descriptors whose readability means `progress` has work (sockets, async-event fd).
+    fn pollable_fds(&self) -> Vec<RawFd>;
+
+    /// Transport counters.
+    fn stats(&self) -> FabricStats;
+}
+
+/// A protection domain (`ibv_pd`).
+pub trait ProtectionDomain: Send + Sync {
+    /// The domain's handle (unique on its device).
+    fn handle(&self) -> u32;
+}
+
+/// A registered memory region (`ibv_mr`). Dropping it deregisters the memory.
+pub trait MemoryRegion: Send + Sync {
+    /// Local key, for scatter/gather entries.
+    fn lkey(&self) -> u32;
+    /// Remote key, for peers' RDMA WRITEs.
+    fn rkey(&self) -> u32;
+    /// Start address.
+    fn addr(&self) -> u64;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the region is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Access granted at registration.
+    fn access(&self) -> Access;
+}
+
+/// A completion queue (`ibv_cq` with its completion channel).
+pub trait CompletionQueue: Send + Sync {
+    /// Identifier reported in [`AsyncEvent::CqErr`].
+    fn id(&self) -> u32;
+    /// The actual number of entries.
+    fn cqe(&self) -> u32;
+    /// Moves up to `out.len()` completions into `out`, oldest first; returns how many.
+    fn poll(&self, out: &mut [Wc]) -> usize;
+    /// Arms the CQ: the next completion (the next solicited one if `solicited_only`) makes
+    /// the event fd readable.
+    fn req_notify(&self, solicited_only: bool) -> Result<(), FabricError>;
+    /// The completion-channel fd (non-blocking) to register with mio.
+    fn event_fd(&self) -> RawFd;
+    /// Consumes (and acknowledges) a pending notification; false if there was none.
+    fn get_event(&self) -> bool;
+}
+
+/// A reliable-connected queue pair (`ibv_qp`, `IBV_QPT_RC`). Dropping it destroys the QP;
+/// outstanding work requests are not completed after that.
+pub trait QueuePair: Send + Sync {
+    /// The QP number peers address.
+    fn qp_num(&self) -> u32;
+    /// The actual capacities (after clamping).
+    fn caps(&self) -> QpCaps;
+    /// The current state.
+    fn state(&self) -> QpState;
+    /// `ibv_modify_qp`: one state transition with its attributes.
+    fn modify(&self, m: &QpModify) -> Result<(), FabricError>;
+    /// `ibv_post_send`. On failure, work requests before the reported index were posted.
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), FabricError>;
+    /// `ibv_post_recv`. On failure, work requests before the reported index were posted.
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), FabricError>;
+}

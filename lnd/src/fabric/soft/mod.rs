@@ -1,0 +1,1 @@
+//! The software RC device (under construction).

@@ -1,0 +1,1 @@
+//! The `ko2iblnd` tunables (filled in by the tunables work).

@@ -1,0 +1,1 @@
+//! o2iblnd V2 wire format (filled in by the wire work).

@@ -1,0 +1,10 @@
+//! `lnet-shim`: the small LNet a userspace storage server links in.
+//!
+//! It mirrors the kernel's split between LNet and its network drivers (LNDs): this crate owns
+//! NIDs, the LNet header, memory descriptors, match entries, events and LNet-level flow control;
+//! an LND (the `lnd` crate's o2iblnd) plugs in behind the [`lnd`] trait and moves the bytes.
+#![forbid(unsafe_code)]
+
+pub mod nid;
+
+pub use nid::{Net, NetType, Nid, NidParseError, ProcessId};
