@@ -11,6 +11,7 @@
 //! output; the driver that owns threads, sockets and the OS clock is thin.
 
 pub mod cm;
+pub mod rng;
 pub mod fabric;
 pub mod time;
 pub mod tunables;

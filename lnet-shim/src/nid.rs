@@ -109,16 +109,12 @@ impl FromStr for Net {
         // The number is the trailing run of digits ("o2ib12" -> "o2ib", "12").
         let split = s.rfind(|c: char| !c.is_ascii_digit()).map_or(0, |i| i + 1);
         let (name, digits) = s.split_at(split);
-        let net_type = NetType::from_name(name).ok_or_else(|| NidParseError::UnknownNetType {
-            input: s.to_owned(),
-            name: name.to_owned(),
-        })?;
+        let net_type = NetType::from_name(name)
+            .ok_or_else(|| NidParseError::UnknownNetType { input: s.to_owned(), name: name.to_owned() })?;
         let number = if digits.is_empty() {
             0
         } else {
-            digits.parse::<u16>().map_err(|_| NidParseError::BadNetNumber {
-                input: s.to_owned(),
-            })?
+            digits.parse::<u16>().map_err(|_| NidParseError::BadNetNumber { input: s.to_owned() })?
         };
         Ok(Net::new(net_type, number))
     }
@@ -198,25 +194,19 @@ impl FromStr for Nid {
 
     /// Parses `a.b.c.d@o2ib`, `a.b.c.d@o2ibN`, `a.b.c.d@tcpN` and `0@lo`.
     fn from_str(s: &str) -> Result<Nid, NidParseError> {
-        let (addr, net) = s.split_once('@').ok_or_else(|| NidParseError::MissingAt {
-            input: s.to_owned(),
-        })?;
+        let (addr, net) =
+            s.split_once('@').ok_or_else(|| NidParseError::MissingAt { input: s.to_owned() })?;
         let net: Net = net.parse().map_err(|e| match e {
-            NidParseError::UnknownNetType { name, .. } => NidParseError::UnknownNetType {
-                input: s.to_owned(),
-                name,
-            },
+            NidParseError::UnknownNetType { name, .. } => {
+                NidParseError::UnknownNetType { input: s.to_owned(), name }
+            }
             _ => NidParseError::BadNetNumber { input: s.to_owned() },
         })?;
         if net.net_type() == Some(NetType::Lo) {
-            let n: u32 = addr.parse().map_err(|_| NidParseError::BadAddress {
-                input: s.to_owned(),
-            })?;
+            let n: u32 = addr.parse().map_err(|_| NidParseError::BadAddress { input: s.to_owned() })?;
             return Ok(Nid(((net.0 as u64) << 32) | n as u64));
         }
-        let ip: Ipv4Addr = addr.parse().map_err(|_| NidParseError::BadAddress {
-            input: s.to_owned(),
-        })?;
+        let ip: Ipv4Addr = addr.parse().map_err(|_| NidParseError::BadAddress { input: s.to_owned() })?;
         Ok(Nid::new(net, ip))
     }
 }
@@ -276,13 +266,8 @@ impl ProcessId {
 
 impl fmt::Display for ProcessId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "12345-{}", self.nid).and_then(|_| {
-            if self.pid == ProcessId::PID_LUSTRE {
-                Ok(())
-            } else {
-                write!(f, "/{}", self.pid)
-            }
-        })
+        write!(f, "12345-{}", self.nid)
+            .and_then(|_| if self.pid == ProcessId::PID_LUSTRE { Ok(()) } else { write!(f, "/{}", self.pid) })
     }
 }
 
@@ -316,14 +301,8 @@ mod tests {
     #[test]
     fn bad_nids_give_clear_errors() {
         assert!(matches!("127.0.0.1".parse::<Nid>(), Err(NidParseError::MissingAt { .. })));
-        assert!(matches!(
-            "127.0.0.1@ib".parse::<Nid>(),
-            Err(NidParseError::UnknownNetType { .. })
-        ));
-        assert!(matches!(
-            "127.0.0.1@o2ib99999".parse::<Nid>(),
-            Err(NidParseError::BadNetNumber { .. })
-        ));
+        assert!(matches!("127.0.0.1@ib".parse::<Nid>(), Err(NidParseError::UnknownNetType { .. })));
+        assert!(matches!("127.0.0.1@o2ib99999".parse::<Nid>(), Err(NidParseError::BadNetNumber { .. })));
         assert!(matches!("1.2.3@o2ib".parse::<Nid>(), Err(NidParseError::BadAddress { .. })));
         assert!(matches!("@o2ib".parse::<Nid>(), Err(NidParseError::BadAddress { .. })));
         let msg = "x@o2ib".parse::<Nid>().unwrap_err().to_string();

@@ -26,6 +26,7 @@
 //! * **Every posted work request completes exactly once** if it is signaled or fails: with
 //!   success, its error, or `WR_FLUSH_ERR` once the QP is in ERR.
 
+pub mod dma;
 pub mod error;
 pub mod soft;
 pub mod types;

@@ -1,1 +1,855 @@
-//! The software RC device (under construction).
+//! The software RC device: an HCA in software that a verbs programmer would recognise.
+//!
+//! [`SoftDevice`] implements [`crate::fabric::Device`] with RoCEv2 framing (BTH, RETH, AETH,
+//! DETH, ImmDt, ICRC; [`packet`]) over a [`wire::Wire`]: real UDP sockets on port 4791
+//! ([`SoftDevice::open_udp`]) or the in-process simulated wire ([`SoftDevice::open_sim`]).
+//!
+//! What it emulates:
+//! * the RC transport of IBTA (per-QP PSNs, cumulative ACKs, sequence NAKs, go-back-N on
+//!   timeout, retry and RNR counters, duplicate suppression, ordered completions, flush on
+//!   error; see [`rc`]);
+//! * memory protection (key, PD, access flags and range checked before a byte is written;
+//!   [`mem`]);
+//! * the GSI: 256-byte MADs to and from QP1 as UD SEND ONLY packets with Q_Key 0x80010000;
+//! * `COMM_EST`, `QP_FATAL` and `CQ_ERR` async events;
+//! * device limits: max QPs, WRs per queue, SGEs, CQEs, MRs, and a total work-queue-entry
+//!   budget (the HCA's memory), so QP creation fails with [`FabricError::Resource`] and
+//!   succeeds when retried smaller;
+//! * seeded fault injection per direction ([`fault`]).
+//!
+//! What it does not: RDMA READ and atomics, UD QPs beyond the GSI, SRQs, memory windows,
+//! P_Key tables, multiple ports, congestion control (CNPs are ignored).
+//!
+//! Progress is poll-driven: posting only queues work; [`crate::fabric::Device::progress`]
+//! receives frames, runs the transport and timers, and transmits. The device never spawns a
+//! thread and never reads a clock.
+
+pub mod cq;
+pub mod fault;
+pub mod mem;
+pub mod packet;
+pub mod rc;
+pub mod sim;
+pub mod wire;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+pub use cq::SoftCq;
+pub use fault::{DirFaults, FaultConfig, FaultStats};
+pub use sim::{SimNet, SimPort};
+pub use wire::{UdpWire, Wire};
+
+use self::cq::CqShared;
+use self::fault::FaultyWire;
+use self::mem::MrTable;
+use self::packet::{Bth, Deth, Headers, IcrcMeta, Opcode, PacketError};
+use self::rc::{Completion, CqSel, RcQp};
+use crate::fabric::{
+    Access, AsyncEvent, DeviceAttr, Device, FabricError, FabricStats, Mad, MemoryRegion, Mtu,
+    PortAddr, PortAttr, PortState, ProtectionDomain, QpCaps, QpInitAttr, QpModify, QpState,
+    QueuePair, RecvWr, SendWr,
+};
+use crate::rng::Rng;
+use crate::time::Instant;
+
+/// Resource limits of a software device, like those of a real HCA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SoftLimits {
+    /// Maximum number of QPs.
+    pub max_qp: u32,
+    /// Maximum WRs per send or receive queue (requests above it are clamped).
+    pub max_qp_wr: u32,
+    /// Maximum SGEs per WR (requests above it are clamped).
+    pub max_sge: u32,
+    /// Maximum entries per CQ (requests above it are clamped).
+    pub max_cqe: u32,
+    /// Maximum number of CQs.
+    pub max_cq: u32,
+    /// Maximum number of memory regions (at most 65536).
+    pub max_mr: u32,
+    /// Maximum bytes per memory region.
+    pub max_mr_size: u64,
+    /// Maximum number of protection domains.
+    pub max_pd: u32,
+    /// Maximum inline bytes per send WR.
+    pub max_inline_data: u32,
+    /// Work-queue entries all QPs together may hold (send + receive): the HCA's memory.
+    pub wqe_budget: u64,
+}
+
+impl Default for SoftLimits {
+    fn default() -> SoftLimits {
+        SoftLimits {
+            max_qp: 16_384,
+            max_qp_wr: 16_384,
+            max_sge: 32,
+            max_cqe: 1 << 22,
+            max_cq: 16_384,
+            max_mr: 65_536,
+            max_mr_size: 1 << 40,
+            max_pd: 1024,
+            max_inline_data: 256,
+            wqe_budget: 1 << 26,
+        }
+    }
+}
+
+/// Configuration of a software device.
+#[derive(Clone, Debug)]
+pub struct SoftConfig {
+    /// Device name reported by [`Device::name`].
+    pub name: String,
+    /// Resource limits.
+    pub limits: SoftLimits,
+    /// The port's active MTU (the largest path MTU QPs can use).
+    pub mtu: Mtu,
+    /// Fault injection on the wire.
+    pub faults: FaultConfig,
+    /// Seed for QPNs, key bits and faults.
+    pub seed: u64,
+    /// Unacknowledged packets a QP may have in flight.
+    pub max_inflight: u32,
+    /// The UDP port of the fabric (4791, RoCEv2's; tests may choose another).
+    pub udp_port: u16,
+}
+
+impl Default for SoftConfig {
+    fn default() -> SoftConfig {
+        SoftConfig {
+            name: "soft0".to_owned(),
+            limits: SoftLimits::default(),
+            mtu: Mtu::Mtu4096,
+            faults: FaultConfig::NONE,
+            seed: crate::rng::os_seed(),
+            max_inflight: 256,
+            udp_port: packet::ROCEV2_UDP_PORT,
+        }
+    }
+}
+
+/// Frames received per `progress` call before yielding (the rest stay queued).
+const RX_BATCH: usize = 512;
+/// Frames transmitted per `progress` call before yielding.
+const TX_BATCH: usize = 512;
+/// Frames one QP sends before the next ready QP gets a turn.
+const QP_BURST: usize = 32;
+/// MADs queued for the CM before further ones are dropped (a REQ flood costs nothing more).
+const GSI_QUEUE_MAX: usize = 4096;
+/// Async events kept before the oldest are dropped.
+const EVENT_QUEUE_MAX: usize = 4096;
+/// Largest frame: BTH + RETH + ImmDt + 4096 payload + pad + ICRC, rounded up.
+const MAX_FRAME: usize = 4096 + 128;
+
+struct QpEntry {
+    rc: RcQp,
+    send_cq: Arc<CqShared>,
+    recv_cq: Arc<CqShared>,
+    wqes: u64,
+    in_ready: bool,
+    timer: Option<Instant>,
+}
+
+struct DevState {
+    wire: FaultyWire,
+    mrs: MrTable,
+    qps: HashMap<u32, QpEntry>,
+    next_qpn: u32,
+    pds: u32,
+    next_pd: u32,
+    cqs: Vec<Weak<CqShared>>,
+    next_cq: u32,
+    wqe_used: u64,
+    rng: Rng,
+    ready: VecDeque<u32>,
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    gsi_rx: VecDeque<(PortAddr, Mad)>,
+    gsi_tx: VecDeque<(Ipv4Addr, Mad)>,
+    gsi_psn: u32,
+    events: VecDeque<AsyncEvent>,
+    stats: FabricStats,
+    frame: Vec<u8>,
+    rx_buf: Vec<u8>,
+    scratch: Vec<Completion>,
+    scratch_events: Vec<AsyncEvent>,
+    more_rx: bool,
+}
+
+struct Shared {
+    name: String,
+    attr: DeviceAttr,
+    port: PortAttr,
+    ip: Ipv4Addr,
+    udp_port: u16,
+    limits: SoftLimits,
+    max_inflight: u32,
+    fd: Option<RawFd>,
+    state: Mutex<DevState>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, DevState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A software RC device port. Cheap to clone (a handle).
+#[derive(Clone)]
+pub struct SoftDevice {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SoftDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftDevice").field("name", &self.shared.name).field("ip", &self.shared.ip).finish()
+    }
+}
+
+/// Live objects on a device (for leak checks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LiveCounts {
+    /// Queue pairs.
+    pub qps: usize,
+    /// Memory regions.
+    pub mrs: u32,
+    /// Completion queues.
+    pub cqs: usize,
+    /// Protection domains.
+    pub pds: u32,
+    /// Work-queue entries reserved by live QPs.
+    pub wqes: u64,
+}
+
+impl SoftDevice {
+    /// Opens a device whose port is `ip` on real UDP sockets (`ip:udp_port`).
+    pub fn open_udp(ip: Ipv4Addr, config: SoftConfig) -> Result<SoftDevice, FabricError> {
+        let wire = UdpWire::bind(ip, config.udp_port)
+            .map_err(|e| FabricError::io("bind RoCEv2 UDP socket", std::io::Error::new(e.kind(), format!("{ip}:{}: {e}", config.udp_port))))?;
+        Ok(SoftDevice::with_wire(Box::new(wire), config))
+    }
+
+    /// Opens a device whose port is `ip` on a simulated network.
+    pub fn open_sim(net: &SimNet, ip: Ipv4Addr, config: SoftConfig) -> SoftDevice {
+        SoftDevice::with_wire(Box::new(net.attach(ip)), config)
+    }
+
+    /// Opens a device on any wire.
+    pub fn with_wire(wire: Box<dyn Wire>, config: SoftConfig) -> SoftDevice {
+        let ip = wire.local_ip();
+        let udp_port = wire.udp_port();
+        let fd = wire.raw_fd();
+        let mut rng = Rng::new(config.seed);
+        let fault_seed = rng.next_u64();
+        let o = ip.octets();
+        let node_guid = 0x0200_5eff_fe00_0000u64 | u64::from(u32::from_be_bytes(o)) & 0xff_ffff | (u64::from(o[0]) << 32);
+        let l = config.limits;
+        let attr = DeviceAttr {
+            node_guid,
+            max_qp: l.max_qp,
+            max_qp_wr: l.max_qp_wr,
+            max_sge: l.max_sge,
+            max_cqe: l.max_cqe,
+            max_cq: l.max_cq,
+            max_mr_size: l.max_mr_size,
+            max_mr: l.max_mr,
+            max_pd: l.max_pd,
+            max_qp_rd_atom: 0,
+            max_inline_data: l.max_inline_data,
+        };
+        let port = PortAttr {
+            port_num: 1,
+            state: PortState::Active,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: config.mtu,
+            addr: PortAddr::from_ipv4(ip),
+        };
+        let first_qpn = 2 + (rng.next_u32() & 0x7f_ffff);
+        let state = DevState {
+            wire: FaultyWire::new(wire, config.faults, fault_seed),
+            mrs: MrTable::new(l.max_mr),
+            qps: HashMap::new(),
+            next_qpn: first_qpn,
+            pds: 0,
+            next_pd: 1,
+            cqs: Vec::new(),
+            next_cq: 1,
+            wqe_used: 0,
+            rng,
+            ready: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            gsi_rx: VecDeque::new(),
+            gsi_tx: VecDeque::new(),
+            gsi_psn: 0,
+            events: VecDeque::new(),
+            stats: FabricStats::default(),
+            frame: vec![0u8; MAX_FRAME],
+            rx_buf: vec![0u8; MAX_FRAME + 64],
+            scratch: Vec::new(),
+            scratch_events: Vec::new(),
+            more_rx: false,
+        };
+        SoftDevice {
+            shared: Arc::new(Shared {
+                name: config.name,
+                attr,
+                port,
+                ip,
+                udp_port,
+                limits: l,
+                max_inflight: config.max_inflight,
+                fd,
+                state: Mutex::new(state),
+            }),
+        }
+    }
+
+    /// The port's IPv4 address.
+    pub fn ip(&self) -> Ipv4Addr {
+        self.shared.ip
+    }
+
+    /// Replaces the fault-injection probabilities.
+    pub fn set_faults(&self, faults: FaultConfig) {
+        self.shared.lock().wire.set_config(faults);
+    }
+
+    /// What fault injection has done so far.
+    pub fn fault_stats(&self) -> FaultStats {
+        self.shared.lock().wire.stats()
+    }
+
+    /// Live objects, for leak checks.
+    pub fn live_counts(&self) -> LiveCounts {
+        let mut s = self.shared.lock();
+        s.cqs.retain(|w| w.strong_count() > 0);
+        LiveCounts { qps: s.qps.len(), mrs: s.mrs.live(), cqs: s.cqs.len(), pds: s.pds, wqes: s.wqe_used }
+    }
+}
+
+impl DevState {
+    fn mark_ready(&mut self, qpn: u32) {
+        if let Some(e) = self.qps.get_mut(&qpn) {
+            if !e.in_ready {
+                e.in_ready = true;
+                self.ready.push_back(qpn);
+            }
+        }
+    }
+
+    /// Moves completions and events out of a QP and re-arms its timer.
+    fn after_qp(&mut self, qpn: u32, now: Option<Instant>) {
+        let mut completions = std::mem::take(&mut self.scratch);
+        let mut events = std::mem::take(&mut self.scratch_events);
+        let mut overrun = Vec::new();
+        let mut wants = false;
+        if let Some(e) = self.qps.get_mut(&qpn) {
+            e.rc.take_completions(&mut completions);
+            e.rc.take_events(&mut events);
+            for c in completions.drain(..) {
+                let cq = match c.cq {
+                    CqSel::Send => &e.send_cq,
+                    CqSel::Recv => &e.recv_cq,
+                };
+                if cq.push(c.wc, c.solicited).is_err() && !overrun.contains(&cq.id) {
+                    overrun.push(cq.id);
+                }
+            }
+            let d = e.rc.deadline();
+            if d != e.timer {
+                e.timer = d;
+                if let Some(t) = d {
+                    self.timers.push(Reverse((t, qpn)));
+                }
+            }
+            wants = now.is_none_or(|n| e.rc.wants_transmit(n));
+        }
+        for ev in events.drain(..) {
+            self.push_event(ev);
+        }
+        self.scratch = completions;
+        self.scratch_events = events;
+        if wants {
+            self.mark_ready(qpn);
+        }
+        for cq_id in overrun {
+            self.cq_overrun(cq_id);
+        }
+    }
+
+    fn push_event(&mut self, ev: AsyncEvent) {
+        if self.events.len() >= EVENT_QUEUE_MAX {
+            self.events.pop_front();
+        }
+        self.events.push_back(ev);
+    }
+
+    /// A CQ overran: raise CQ_ERR and move every QP using it to ERR.
+    fn cq_overrun(&mut self, cq_id: u32) {
+        self.push_event(AsyncEvent::CqErr { cq_id });
+        let victims: Vec<u32> = self
+            .qps
+            .iter()
+            .filter(|(_, e)| (e.send_cq.id == cq_id || e.recv_cq.id == cq_id) && e.rc.state() != QpState::Err)
+            .map(|(q, _)| *q)
+            .collect();
+        for qpn in victims {
+            if let Some(e) = self.qps.get_mut(&qpn) {
+                e.rc.enter_error();
+                let mut lost = Vec::new();
+                e.rc.take_completions(&mut lost);
+                for c in lost {
+                    let cq = if c.cq == CqSel::Send { &e.send_cq } else { &e.recv_cq };
+                    let _ = cq.push(c.wc, c.solicited);
+                }
+            }
+            self.push_event(AsyncEvent::QpFatal { qp_num: qpn });
+        }
+    }
+
+    fn handle_frame(&mut self, now: Instant, local: Ipv4Addr, udp_port: u16, src: Ipv4Addr, src_port: u16, len: usize) {
+        let meta = IcrcMeta::new(src, local, src_port, udp_port);
+        let frame = self.rx_buf.get(..len).unwrap_or_default();
+        let pkt = match packet::parse(&meta, frame) {
+            Ok(p) => p,
+            Err(PacketError::BadIcrc { .. }) => {
+                self.stats.bad_icrc += 1;
+                return;
+            }
+            Err(_) => {
+                self.stats.malformed += 1;
+                return;
+            }
+        };
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += len as u64;
+        let dqp = pkt.headers.bth.dest_qp;
+        if dqp == 1 {
+            let ok = pkt.headers.bth.opcode == Opcode::UdSendOnly
+                && pkt.headers.deth.is_some_and(|d| d.qkey == packet::GSI_QKEY);
+            match <&Mad>::try_from(pkt.payload) {
+                Ok(mad) if ok => {
+                    self.stats.mads_received += 1;
+                    if self.gsi_rx.len() < GSI_QUEUE_MAX {
+                        self.gsi_rx.push_back((PortAddr::from_ipv4(src), *mad));
+                    }
+                }
+                _ => self.stats.malformed += 1,
+            }
+            return;
+        }
+        let DevState { qps, mrs, stats, .. } = self;
+        match qps.get_mut(&dqp) {
+            Some(e) => e.rc.on_packet(now, src, &pkt, mrs, stats),
+            None => {
+                stats.malformed += 1;
+                return;
+            }
+        }
+        self.after_qp(dqp, Some(now));
+    }
+
+    fn transmit_gsi(&mut self, now: Instant, local: Ipv4Addr, udp_port: u16) -> std::io::Result<()> {
+        while let Some((dst, mad)) = self.gsi_tx.pop_front() {
+            let headers = Headers {
+                bth: Bth::new(Opcode::UdSendOnly, 1, self.gsi_psn),
+                deth: Some(Deth { qkey: packet::GSI_QKEY, src_qp: 1 }),
+                reth: None,
+                aeth: None,
+                imm: None,
+            };
+            self.gsi_psn = packet::psn_add(self.gsi_psn, 1);
+            let mut frame = Vec::with_capacity(packet::frame_len(&headers, mad.len()));
+            let meta = IcrcMeta::new(local, dst, udp_port, udp_port);
+            if packet::build(&meta, &headers, &mad, &mut frame).is_err() {
+                continue;
+            }
+            self.stats.mads_sent += 1;
+            self.stats.tx_packets += 1;
+            self.stats.tx_bytes += frame.len() as u64;
+            match self.wire.send(now, dst, &frame) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends frames from ready QPs; returns false if the wire pushed back.
+    fn transmit(&mut self, now: Instant, local: Ipv4Addr, udp_port: u16) -> std::io::Result<()> {
+        let mut budget = TX_BATCH;
+        while budget > 0 {
+            let Some(qpn) = self.ready.pop_front() else { break };
+            let mut sent = 0usize;
+            let mut blocked = false;
+            {
+                let DevState { qps, mrs, wire, stats, frame, .. } = self;
+                let Some(e) = qps.get_mut(&qpn) else { continue };
+                e.in_ready = false;
+                while sent < QP_BURST.min(budget) {
+                    let Some(tx) = e.rc.poll_transmit(now, mrs, frame, stats) else { break };
+                    let Some(bytes) = frame.get_mut(..tx.len) else { break };
+                    let meta = IcrcMeta::new(local, tx.dst, udp_port, udp_port);
+                    if packet::seal(&meta, bytes).is_err() {
+                        stats.malformed += 1;
+                        continue;
+                    }
+                    sent += 1;
+                    stats.tx_packets += 1;
+                    stats.tx_bytes += tx.len as u64;
+                    match wire.send(now, tx.dst, bytes) {
+                        Ok(()) => {}
+                        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                            blocked = true;
+                            break;
+                        }
+                        Err(err) => return Err(err),
+                    }
+                }
+            }
+            budget = budget.saturating_sub(sent.max(1));
+            self.after_qp(qpn, Some(now));
+            if blocked {
+                self.mark_ready(qpn);
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn fire_timers(&mut self, now: Instant) {
+        while let Some(Reverse((t, qpn))) = self.timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let due = {
+                let DevState { qps, stats, .. } = self;
+                match qps.get_mut(&qpn) {
+                    Some(e) if e.timer == Some(t) => {
+                        e.timer = None;
+                        e.rc.on_timer(now, stats);
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if due {
+                self.after_qp(qpn, Some(now));
+            }
+        }
+    }
+}
+
+impl Device for SoftDevice {
+    type Pd = SoftPd;
+    type Cq = SoftCq;
+    type Qp = SoftQp;
+    type Mr = SoftMr;
+
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    fn query_device(&self) -> DeviceAttr {
+        self.shared.attr.clone()
+    }
+
+    fn query_port(&self) -> PortAttr {
+        self.shared.port.clone()
+    }
+
+    fn resolve(&self, ip: Ipv4Addr) -> Result<PortAddr, FabricError> {
+        if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+            return Err(FabricError::InvalidArgument { what: "address is not a unicast IPv4 address" });
+        }
+        Ok(PortAddr::from_ipv4(ip))
+    }
+
+    fn alloc_pd(&self) -> Result<SoftPd, FabricError> {
+        let mut s = self.shared.lock();
+        if s.pds >= self.shared.limits.max_pd {
+            return Err(FabricError::Resource { what: "protection domains" });
+        }
+        s.pds += 1;
+        let handle = s.next_pd;
+        s.next_pd = s.next_pd.wrapping_add(1).max(1);
+        Ok(SoftPd { shared: self.shared.clone(), handle })
+    }
+
+    fn create_cq(&self, cqe: u32) -> Result<SoftCq, FabricError> {
+        if cqe == 0 {
+            return Err(FabricError::InvalidArgument { what: "cqe must be at least 1" });
+        }
+        let mut s = self.shared.lock();
+        s.cqs.retain(|w| w.strong_count() > 0);
+        if s.cqs.len() >= self.shared.limits.max_cq as usize {
+            return Err(FabricError::Resource { what: "completion queues" });
+        }
+        let actual = cqe.checked_next_power_of_two().unwrap_or(u32::MAX).min(self.shared.limits.max_cqe);
+        let id = s.next_cq;
+        s.next_cq = s.next_cq.wrapping_add(1).max(1);
+        let shared = Arc::new(CqShared::new(id, actual)?);
+        s.cqs.push(Arc::downgrade(&shared));
+        Ok(SoftCq { shared })
+    }
+
+    unsafe fn reg_mr(&self, pd: &SoftPd, addr: *mut u8, len: usize, access: Access) -> Result<SoftMr, FabricError> {
+        if len as u64 > self.shared.limits.max_mr_size {
+            return Err(FabricError::InvalidArgument { what: "region longer than max_mr_size" });
+        }
+        if addr.is_null() && len > 0 {
+            return Err(FabricError::InvalidArgument { what: "null address" });
+        }
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(FabricError::InvalidArgument { what: "REMOTE_WRITE requires LOCAL_WRITE" });
+        }
+        let base = addr as usize as u64;
+        if base.checked_add(len as u64).is_none() {
+            return Err(FabricError::InvalidArgument { what: "region wraps the address space" });
+        }
+        let mut s = self.shared.lock();
+        let DevState { mrs, rng, .. } = &mut *s;
+        let key = mrs
+            .register(pd.handle, base, len as u64, access, rng)
+            .ok_or(FabricError::Resource { what: "memory regions" })?;
+        Ok(SoftMr { shared: self.shared.clone(), key, addr: base, len, access })
+    }
+
+    fn create_qp(&self, pd: &SoftPd, send_cq: &SoftCq, recv_cq: &SoftCq, attr: &QpInitAttr) -> Result<SoftQp, FabricError> {
+        let l = self.shared.limits;
+        let req = attr.cap;
+        if req.max_send_wr == 0 && req.max_recv_wr == 0 {
+            return Err(FabricError::InvalidArgument { what: "a QP needs a send or a receive queue" });
+        }
+        let caps = QpCaps {
+            max_send_wr: req.max_send_wr.min(l.max_qp_wr),
+            max_recv_wr: req.max_recv_wr.min(l.max_qp_wr),
+            max_send_sge: req.max_send_sge.clamp(1, l.max_sge),
+            max_recv_sge: req.max_recv_sge.clamp(1, l.max_sge),
+            max_inline_data: req.max_inline_data.min(l.max_inline_data),
+        };
+        let wqes = u64::from(caps.max_send_wr) + u64::from(caps.max_recv_wr);
+        let mut s = self.shared.lock();
+        if s.qps.len() >= l.max_qp as usize {
+            return Err(FabricError::Resource { what: "queue pairs" });
+        }
+        if s.wqe_used + wqes > l.wqe_budget {
+            return Err(FabricError::Resource { what: "work queue entries (device memory)" });
+        }
+        let mut qpn = s.next_qpn;
+        while s.qps.contains_key(&qpn) || qpn < 2 {
+            qpn = (qpn + 1) & packet::PSN_MASK;
+        }
+        s.next_qpn = (qpn + 1) & packet::PSN_MASK;
+        s.wqe_used += wqes;
+        let rc = RcQp::new(qpn, pd.handle, caps, attr.sq_sig_all, self.shared.max_inflight);
+        s.qps.insert(
+            qpn,
+            QpEntry {
+                rc,
+                send_cq: send_cq.shared.clone(),
+                recv_cq: recv_cq.shared.clone(),
+                wqes,
+                in_ready: false,
+                timer: None,
+            },
+        );
+        Ok(SoftQp { shared: self.shared.clone(), qpn, caps })
+    }
+
+    fn send_mad(&self, dest: &PortAddr, mad: &Mad) -> Result<(), FabricError> {
+        let ip = dest.gid.to_ipv4().ok_or(FabricError::InvalidArgument { what: "GID is not IPv4-mapped" })?;
+        self.shared.lock().gsi_tx.push_back((ip, *mad));
+        Ok(())
+    }
+
+    fn recv_mad(&self) -> Option<(PortAddr, Mad)> {
+        self.shared.lock().gsi_rx.pop_front()
+    }
+
+    fn poll_async_event(&self) -> Option<AsyncEvent> {
+        self.shared.lock().events.pop_front()
+    }
+
+    fn progress(&self, now: Instant) -> Result<(), FabricError> {
+        let local = self.shared.ip;
+        let port = self.shared.udp_port;
+        let mut s = self.shared.lock();
+        s.more_rx = false;
+        for i in 0..=RX_BATCH {
+            if i == RX_BATCH {
+                s.more_rx = true;
+                break;
+            }
+            let DevState { wire, rx_buf, .. } = &mut *s;
+            match wire.recv(now, rx_buf) {
+                Ok(Some(r)) => s.handle_frame(now, local, port, r.src, r.src_port, r.len),
+                Ok(None) => break,
+                Err(e) => return Err(FabricError::io("recv", e)),
+            }
+        }
+        s.fire_timers(now);
+        s.transmit_gsi(now, local, port).map_err(|e| FabricError::io("send", e))?;
+        s.transmit(now, local, port).map_err(|e| FabricError::io("send", e))?;
+        Ok(())
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        let s = self.shared.lock();
+        if s.more_rx || !s.ready.is_empty() || !s.gsi_tx.is_empty() {
+            return Some(Instant::ZERO);
+        }
+        let timer = s.timers.peek().map(|Reverse((t, _))| *t);
+        Instant::min_deadline(timer, s.wire.next_deadline())
+    }
+
+    fn pollable_fds(&self) -> Vec<RawFd> {
+        self.shared.fd.into_iter().collect()
+    }
+
+    fn stats(&self) -> FabricStats {
+        self.shared.lock().stats
+    }
+}
+
+/// A protection domain of the software device.
+pub struct SoftPd {
+    shared: Arc<Shared>,
+    handle: u32,
+}
+
+impl std::fmt::Debug for SoftPd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SoftPd({})", self.handle)
+    }
+}
+
+impl ProtectionDomain for SoftPd {
+    fn handle(&self) -> u32 {
+        self.handle
+    }
+}
+
+impl Drop for SoftPd {
+    fn drop(&mut self) {
+        let mut s = self.shared.lock();
+        s.pds = s.pds.saturating_sub(1);
+    }
+}
+
+/// A registered memory region of the software device; dropping it deregisters.
+pub struct SoftMr {
+    shared: Arc<Shared>,
+    key: u32,
+    addr: u64,
+    len: usize,
+    access: Access,
+}
+
+impl std::fmt::Debug for SoftMr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SoftMr(key {:#x}, {:#x}+{})", self.key, self.addr, self.len)
+    }
+}
+
+impl MemoryRegion for SoftMr {
+    fn lkey(&self) -> u32 {
+        self.key
+    }
+    fn rkey(&self) -> u32 {
+        self.key
+    }
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn access(&self) -> Access {
+        self.access
+    }
+}
+
+impl Drop for SoftMr {
+    fn drop(&mut self) {
+        self.shared.lock().mrs.deregister(self.key);
+    }
+}
+
+/// An RC queue pair of the software device; dropping it destroys the QP.
+pub struct SoftQp {
+    shared: Arc<Shared>,
+    qpn: u32,
+    caps: QpCaps,
+}
+
+impl std::fmt::Debug for SoftQp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SoftQp({:#x})", self.qpn)
+    }
+}
+
+impl SoftQp {
+    fn with<R>(&self, f: impl FnOnce(&mut DevState, &mut QpEntry) -> R) -> Result<R, FabricError> {
+        let mut s = self.shared.lock();
+        let mut e = s.qps.remove(&self.qpn).ok_or(FabricError::NotFound { what: "queue pair" })?;
+        let r = f(&mut s, &mut e);
+        s.qps.insert(self.qpn, e);
+        Ok(r)
+    }
+}
+
+impl QueuePair for SoftQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn state(&self) -> QpState {
+        self.shared.lock().qps.get(&self.qpn).map_or(QpState::Err, |e| e.rc.state())
+    }
+
+    fn modify(&self, m: &QpModify) -> Result<(), FabricError> {
+        let r = self.with(|_, e| e.rc.modify(m))?;
+        self.shared.lock().after_qp(self.qpn, None);
+        r
+    }
+
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), FabricError> {
+        let r = self.with(|s, e| {
+            for (index, wr) in wrs.iter().enumerate() {
+                e.rc.post_send(wr, &s.mrs).map_err(|reason| FabricError::Post { index, reason })?;
+            }
+            Ok(())
+        })?;
+        self.shared.lock().after_qp(self.qpn, None);
+        r
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), FabricError> {
+        let r = self.with(|_, e| {
+            for (index, wr) in wrs.iter().enumerate() {
+                e.rc.post_recv(wr).map_err(|reason| FabricError::Post { index, reason })?;
+            }
+            Ok(())
+        })?;
+        self.shared.lock().after_qp(self.qpn, None);
+        r
+    }
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        let mut s = self.shared.lock();
+        if let Some(e) = s.qps.remove(&self.qpn) {
+            s.wqe_used = s.wqe_used.saturating_sub(e.wqes);
+        }
+    }
+}

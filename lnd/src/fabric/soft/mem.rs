@@ -1,0 +1,206 @@
+//! Registered memory: the software device's MR table, and the only code in it that touches
+//! caller memory.
+//!
+//! A region is an `(addr, len, pd, access)` entry found by its key. Every access names a key,
+//! a protection domain, an address range and the access it needs; the table checks all four
+//! before a single byte moves, exactly as an HCA checks its memory translation table. The
+//! entry exists from registration until the [`super::SoftMr`] handle is dropped, and all
+//! accesses happen under the device lock that deregistration also takes, so by the contract of
+//! [`crate::fabric::Device::reg_mr`] the memory is valid whenever an entry is found.
+//!
+//! Keys are `index << 16 | 16 random bits`: a peer cannot guess a live key from a stale one,
+//! and a deregistered key never matches again until its slot is reused with new random bits.
+
+use crate::fabric::Access;
+use crate::rng::Rng;
+
+/// Why a memory access was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MemFault {
+    /// No live region has this key.
+    BadKey,
+    /// The region belongs to another protection domain.
+    WrongPd,
+    /// The region does not grant the access.
+    Access,
+    /// The range is not inside the region (or overflows).
+    Range,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct MrEntry {
+    key: u32,
+    pd: u32,
+    addr: u64,
+    len: u64,
+    access: Access,
+}
+
+/// The table of live memory regions.
+#[derive(Debug)]
+pub(crate) struct MrTable {
+    slots: Vec<Option<MrEntry>>,
+    free: Vec<u16>,
+    live: u32,
+    max: u32,
+}
+
+impl MrTable {
+    /// A table holding at most `max` regions (at most 65536).
+    pub(crate) fn new(max: u32) -> MrTable {
+        MrTable { slots: Vec::new(), free: Vec::new(), live: 0, max: max.min(1 << 16) }
+    }
+
+    /// Number of live regions.
+    pub(crate) fn live(&self) -> u32 {
+        self.live
+    }
+
+    /// Adds a region and returns its key, or `None` when the table is full.
+    pub(crate) fn register(
+        &mut self,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+        rng: &mut Rng,
+    ) -> Option<u32> {
+        if self.live >= self.max {
+            return None;
+        }
+        let index = match self.free.pop() {
+            Some(i) => usize::from(i),
+            None => {
+                if self.slots.len() >= 1 << 16 {
+                    return None;
+                }
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        };
+        let key = ((index as u32) << 16) | (rng.next_u32() & 0xffff);
+        if let Some(slot) = self.slots.get_mut(index) {
+            *slot = Some(MrEntry { key, pd, addr, len, access });
+        }
+        self.live += 1;
+        Some(key)
+    }
+
+    /// Removes the region with this key; false if it was not live.
+    pub(crate) fn deregister(&mut self, key: u32) -> bool {
+        let index = (key >> 16) as usize;
+        match self.slots.get_mut(index) {
+            Some(slot @ Some(_)) if slot.is_some_and(|e| e.key == key) => {
+                *slot = None;
+                self.free.push(index as u16);
+                self.live -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn check(&self, pd: u32, key: u32, addr: u64, len: usize, need: Access) -> Result<MrEntry, MemFault> {
+        let entry = self
+            .slots
+            .get((key >> 16) as usize)
+            .copied()
+            .flatten()
+            .filter(|e| e.key == key)
+            .ok_or(MemFault::BadKey)?;
+        if entry.pd != pd {
+            return Err(MemFault::WrongPd);
+        }
+        if !entry.access.contains(need) {
+            return Err(MemFault::Access);
+        }
+        let end = addr.checked_add(len as u64).ok_or(MemFault::Range)?;
+        let region_end = entry.addr.checked_add(entry.len).ok_or(MemFault::Range)?;
+        if addr < entry.addr || end > region_end {
+            return Err(MemFault::Range);
+        }
+        Ok(entry)
+    }
+
+    /// Checks that `len` bytes at `addr` may be written remotely under `key` (the RETH check
+    /// made once per RDMA WRITE before any byte lands).
+    pub(crate) fn check_remote_write(&self, pd: u32, key: u32, addr: u64, len: u64) -> Result<(), MemFault> {
+        let len = usize::try_from(len).map_err(|_| MemFault::Range)?;
+        self.check(pd, key, addr, len, Access::REMOTE_WRITE).map(|_| ())
+    }
+
+    /// Copies `out.len()` bytes from registered memory at `addr` (a local gather: no access
+    /// flag is needed to read one's own region).
+    pub(crate) fn read(&self, pd: u32, key: u32, addr: u64, out: &mut [u8]) -> Result<(), MemFault> {
+        self.check(pd, key, addr, out.len(), Access::NONE)?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `check` found a live region containing addr..addr+out.len(); by the
+        // contract of `Device::reg_mr` that memory is valid for reads while the region is
+        // registered, and deregistration needs the device lock our caller holds. `out` is a
+        // device-owned buffer, so the ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(addr as usize as *const u8, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copies `data` into registered memory at `addr`, if the region grants `need`
+    /// (LOCAL_WRITE for receives, REMOTE_WRITE for a peer's RDMA WRITE).
+    pub(crate) fn write(&self, pd: u32, key: u32, addr: u64, data: &[u8], need: Access) -> Result<(), MemFault> {
+        self.check(pd, key, addr, data.len(), need)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as in `read`: a live region contains the whole range and is valid for
+        // writes while registered (the caller promised at `reg_mr` not to hold references to
+        // it while the device may write); `data` is a device-owned packet buffer.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as usize as *mut u8, data.len()) };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_key_pd_access_and_range_before_touching_memory() {
+        let mut rng = Rng::new(1);
+        let mut t = MrTable::new(8);
+        let mut buf = vec![0u8; 64];
+        let base = buf.as_mut_ptr() as u64;
+        let key = t.register(1, base, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE, &mut rng).unwrap();
+        let ro = t.register(1, base, 64, Access::LOCAL_WRITE, &mut rng).unwrap();
+
+        assert_eq!(t.write(1, key, base + 8, &[7; 8], Access::REMOTE_WRITE), Ok(()));
+        assert_eq!(t.write(2, key, base, &[1], Access::REMOTE_WRITE), Err(MemFault::WrongPd));
+        assert_eq!(t.write(1, ro, base, &[1], Access::REMOTE_WRITE), Err(MemFault::Access));
+        assert_eq!(t.write(1, key, base + 60, &[1; 8], Access::REMOTE_WRITE), Err(MemFault::Range));
+        assert_eq!(t.write(1, key, base - 1, &[1], Access::REMOTE_WRITE), Err(MemFault::Range));
+        assert_eq!(t.write(1, key, u64::MAX, &[1], Access::REMOTE_WRITE), Err(MemFault::Range));
+        assert_eq!(t.write(1, key ^ 1, base, &[1], Access::REMOTE_WRITE), Err(MemFault::BadKey));
+        assert_eq!(t.check_remote_write(1, key, base, 65), Err(MemFault::Range));
+
+        let mut out = [0u8; 8];
+        t.read(1, key, base + 8, &mut out).unwrap();
+        assert_eq!(out, [7; 8]);
+        assert!(t.deregister(key));
+        assert!(!t.deregister(key));
+        assert_eq!(t.read(1, key, base, &mut out), Err(MemFault::BadKey));
+        assert_eq!(t.live(), 1);
+        drop(buf);
+    }
+
+    #[test]
+    fn reused_slots_get_new_keys_and_the_table_has_a_limit() {
+        let mut rng = Rng::new(2);
+        let mut t = MrTable::new(2);
+        let a = t.register(1, 0x1000, 16, Access::LOCAL_WRITE, &mut rng).unwrap();
+        let _b = t.register(1, 0x2000, 16, Access::LOCAL_WRITE, &mut rng).unwrap();
+        assert!(t.register(1, 0x3000, 16, Access::LOCAL_WRITE, &mut rng).is_none());
+        assert!(t.deregister(a));
+        let c = t.register(1, 0x3000, 16, Access::LOCAL_WRITE, &mut rng).unwrap();
+        assert_eq!(a >> 16, c >> 16, "slot reused");
+        assert_ne!(a, c, "with fresh random key bits");
+    }
+}

@@ -1,0 +1,967 @@
+//! The RC transport of one queue pair, as a sans-IO state machine.
+//!
+//! [`RcQp`] is what an HCA's QP context and its requester/responder pipelines do, fed with
+//! parsed packets and `now`, asked for frames to transmit, and drained of work completions and
+//! async events. The device around it ([`super::SoftDevice`]) owns sockets, the lock and the
+//! CQs; nothing here does IO or reads a clock.
+//!
+//! Behaviour follows IBTA RC (and rxe where the spec leaves room):
+//! * **Requester**: messages are cut into packets of the path MTU with 24-bit PSNs assigned at
+//!   post time; at most `max_inflight` packets are unacknowledged; AckReq is set on the last
+//!   packet of each message and every [`ACK_REQ_INTERVAL`] packets. ACKs are cumulative. A NAK
+//!   for a PSN sequence error, or the retransmission timer (4.096 µs × 2^timeout) firing, sends
+//!   everything again from the oldest unacknowledged PSN (go-back-N), spending one of
+//!   `retry_cnt` retries; the counter resets whenever an ACK makes progress. Retries exhausted
+//!   → `RETRY_EXC_ERR`. An RNR NAK pauses for the peer's timer and spends one of `rnr_retry`
+//!   (7 = forever) → `RNR_RETRY_EXC_ERR`. Completions are generated in posting order.
+//! * **Responder**: packets are accepted only at the expected PSN. Earlier PSNs are duplicates:
+//!   re-acknowledged, never delivered twice. Later PSNs are a gap: one sequence NAK per gap.
+//!   SENDs consume posted receives (none → RNR NAK; too long → `LOC_LEN_ERR` here and
+//!   `REM_INV_REQ_ERR` there). RDMA WRITEs are checked against the MR table (key, PD,
+//!   REMOTE_WRITE, whole range) on their first packet, before a byte lands; a failure NAKs with
+//!   a remote access error and both QPs go to ERR. The first valid packet in RTR raises
+//!   `COMM_EST`. ACKs are coalesced until the device asks for frames.
+//! * **Errors**: any error moves the QP to ERR; every outstanding work request then completes
+//!   with `WR_FLUSH_ERR` (unsignaled ones included), in order.
+
+use std::collections::VecDeque;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use super::mem::MrTable;
+use super::packet::{
+    self, Aeth, Bth, Headers, NakCode, Opcode, Packet, Reth, Syndrome, psn_add, psn_diff,
+};
+use crate::fabric::{
+    Access, AsyncEvent, FabricError, FabricStats, QpCaps, QpModify, QpState, RecvWr, SendOp,
+    SendWr, Sge, Wc, WcOpcode, WcStatus,
+};
+use crate::time::Instant;
+
+/// AckReq is set at least every this many packets of a long message.
+pub(crate) const ACK_REQ_INTERVAL: u32 = 16;
+
+/// The AETH credit code meaning "no credit information" (what rxe sends).
+const NO_CREDIT_INFO: u8 = 0x1f;
+
+/// Which of the QP's completion queues a completion goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CqSel {
+    /// The send CQ.
+    Send,
+    /// The receive CQ.
+    Recv,
+}
+
+/// A work completion on its way to a CQ.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Completion {
+    pub(crate) cq: CqSel,
+    pub(crate) wc: Wc,
+    pub(crate) solicited: bool,
+}
+
+#[derive(Debug)]
+struct SendWqe {
+    wr_id: u64,
+    op: SendOp,
+    sges: Vec<Sge>,
+    inline: Option<Vec<u8>>,
+    len: u32,
+    signaled: bool,
+    solicited: bool,
+    first_psn: u32,
+    npkts: u32,
+}
+
+impl SendWqe {
+    fn last_psn(&self) -> u32 {
+        psn_add(self.first_psn, self.npkts - 1)
+    }
+
+    fn wc_opcode(&self) -> WcOpcode {
+        match self.op {
+            SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
+            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RecvWqe {
+    wr_id: u64,
+    sges: Vec<Sge>,
+    len: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PendingAck {
+    /// Cumulative ACK up to `epsn - 1`.
+    Ack,
+    /// Sequence or error NAK at `psn`.
+    Nak { psn: u32, code: NakCode },
+    /// RNR NAK at `psn`.
+    Rnr { psn: u32 },
+}
+
+#[derive(Clone, Copy, Debug)]
+enum InMsg {
+    Send { offset: u64 },
+    Write { rkey: u32, va: u64, remaining: u64 },
+}
+
+/// Why an in-sequence request packet was not accepted.
+enum Refusal {
+    Rnr,
+    Nak(NakCode),
+}
+
+/// One RC queue pair's transport state.
+#[derive(Debug)]
+pub(crate) struct RcQp {
+    qpn: u32,
+    pd: u32,
+    state: QpState,
+    caps: QpCaps,
+    sq_sig_all: bool,
+    qp_access: Access,
+    mtu: u32,
+    dest_qpn: u32,
+    dest_ip: Option<Ipv4Addr>,
+    ack_timeout: Option<Duration>,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    min_rnr_timer: u8,
+    max_inflight: u32,
+
+    // Requester.
+    sq: VecDeque<SendWqe>,
+    sq_next_psn: u32,
+    send_psn: u32,
+    send_idx: usize,
+    send_pkt: u32,
+    sent_end: u32,
+    una: u32,
+    retries_left: u8,
+    rnr_left: u8,
+    retx_timer: Option<Instant>,
+    rnr_until: Option<Instant>,
+
+    // Responder.
+    rq: VecDeque<RecvWqe>,
+    epsn: u32,
+    msn: u32,
+    in_msg: Option<InMsg>,
+    pending_ack: Option<PendingAck>,
+    nak_sent: bool,
+    comm_est_raised: bool,
+
+    completions: Vec<Completion>,
+    events: Vec<AsyncEvent>,
+}
+
+/// A frame `poll_transmit` wrote: its length and where it goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TxFrame {
+    pub(crate) len: usize,
+    pub(crate) dst: Ipv4Addr,
+}
+
+impl RcQp {
+    pub(crate) fn new(qpn: u32, pd: u32, caps: QpCaps, sq_sig_all: bool, max_inflight: u32) -> RcQp {
+        RcQp {
+            qpn,
+            pd,
+            state: QpState::Reset,
+            caps,
+            sq_sig_all,
+            qp_access: Access::NONE,
+            mtu: 4096,
+            dest_qpn: 0,
+            dest_ip: None,
+            ack_timeout: None,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 0,
+            max_inflight: max_inflight.clamp(1, 1 << 22),
+            sq: VecDeque::new(),
+            sq_next_psn: 0,
+            send_psn: 0,
+            send_idx: 0,
+            send_pkt: 0,
+            sent_end: 0,
+            una: 0,
+            retries_left: 7,
+            rnr_left: 7,
+            retx_timer: None,
+            rnr_until: None,
+            rq: VecDeque::new(),
+            epsn: 0,
+            msn: 0,
+            in_msg: None,
+            pending_ack: None,
+            nak_sent: false,
+            comm_est_raised: false,
+            completions: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    pub(crate) fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        self.state
+    }
+
+    pub(crate) fn dest_ip(&self) -> Option<Ipv4Addr> {
+        self.dest_ip
+    }
+
+    /// Work requests still on the send and receive queues.
+    pub(crate) fn queued(&self) -> (usize, usize) {
+        (self.sq.len(), self.rq.len())
+    }
+
+    /// `ibv_modify_qp`.
+    pub(crate) fn modify(&mut self, m: &QpModify) -> Result<(), FabricError> {
+        let invalid = FabricError::InvalidTransition { from: self.state, to: m.target() };
+        match (*m, self.state) {
+            (QpModify::Reset, _) => {
+                self.reset();
+                Ok(())
+            }
+            (QpModify::Err, _) => {
+                self.enter_error();
+                Ok(())
+            }
+            (QpModify::Init { port_num, access, .. }, QpState::Reset | QpState::Init) => {
+                if port_num != 1 {
+                    return Err(FabricError::InvalidArgument { what: "port_num (the device has port 1)" });
+                }
+                self.qp_access = access;
+                self.state = QpState::Init;
+                Ok(())
+            }
+            (QpModify::Rtr { path_mtu, dest_qpn, rq_psn, dest, min_rnr_timer, .. }, QpState::Init) => {
+                let ip = dest
+                    .gid
+                    .to_ipv4()
+                    .ok_or(FabricError::InvalidArgument { what: "dest GID (not IPv4-mapped)" })?;
+                if dest_qpn > packet::PSN_MASK || dest_qpn < 2 {
+                    return Err(FabricError::InvalidArgument { what: "dest_qpn" });
+                }
+                if rq_psn > packet::PSN_MASK {
+                    return Err(FabricError::InvalidArgument { what: "rq_psn" });
+                }
+                if min_rnr_timer > 31 {
+                    return Err(FabricError::InvalidArgument { what: "min_rnr_timer" });
+                }
+                self.mtu = path_mtu.bytes();
+                self.dest_qpn = dest_qpn;
+                self.dest_ip = Some(ip);
+                self.epsn = rq_psn;
+                self.min_rnr_timer = min_rnr_timer;
+                self.state = QpState::Rtr;
+                Ok(())
+            }
+            (QpModify::Rts { sq_psn, timeout, retry_cnt, rnr_retry, .. }, QpState::Rtr | QpState::Rts) => {
+                if sq_psn > packet::PSN_MASK {
+                    return Err(FabricError::InvalidArgument { what: "sq_psn" });
+                }
+                if retry_cnt > 7 || rnr_retry > 7 || timeout > 31 {
+                    return Err(FabricError::InvalidArgument { what: "timeout/retry_cnt/rnr_retry" });
+                }
+                if self.state == QpState::Rtr {
+                    self.sq_next_psn = sq_psn;
+                    self.send_psn = sq_psn;
+                    self.sent_end = sq_psn;
+                    self.una = sq_psn;
+                }
+                self.ack_timeout = packet::ack_timeout_duration(timeout);
+                self.retry_cnt = retry_cnt;
+                self.rnr_retry = rnr_retry;
+                self.retries_left = retry_cnt;
+                self.rnr_left = rnr_retry;
+                self.state = QpState::Rts;
+                Ok(())
+            }
+            _ => Err(invalid),
+        }
+    }
+
+    fn reset(&mut self) {
+        let (qpn, pd, caps, sig, inflight) = (self.qpn, self.pd, self.caps, self.sq_sig_all, self.max_inflight);
+        *self = RcQp::new(qpn, pd, caps, sig, inflight);
+    }
+
+    /// Moves to ERR and flushes every outstanding work request, in order.
+    pub(crate) fn enter_error(&mut self) {
+        self.state = QpState::Err;
+        for w in self.sq.drain(..) {
+            self.completions.push(Completion {
+                cq: CqSel::Send,
+                wc: Wc {
+                    wr_id: w.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: w.wc_opcode(),
+                    qp_num: self.qpn,
+                    ..Wc::default()
+                },
+                solicited: false,
+            });
+        }
+        for r in self.rq.drain(..) {
+            self.completions.push(Completion {
+                cq: CqSel::Recv,
+                wc: Wc {
+                    wr_id: r.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    qp_num: self.qpn,
+                    ..Wc::default()
+                },
+                solicited: false,
+            });
+        }
+        self.send_idx = 0;
+        self.send_pkt = 0;
+        self.in_msg = None;
+        self.retx_timer = None;
+        self.rnr_until = None;
+    }
+
+    fn flush_completion(&mut self, cq: CqSel, wr_id: u64, opcode: WcOpcode) {
+        self.completions.push(Completion {
+            cq,
+            wc: Wc { wr_id, status: WcStatus::WrFlushErr, opcode, qp_num: self.qpn, ..Wc::default() },
+            solicited: false,
+        });
+    }
+
+    /// Queues one send work request (the device validates the batch around it).
+    pub(crate) fn post_send(&mut self, wr: &SendWr<'_>, mem: &MrTable) -> Result<(), &'static str> {
+        if self.state == QpState::Err {
+            let opcode = match wr.op {
+                SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
+                _ => WcOpcode::RdmaWrite,
+            };
+            self.flush_completion(CqSel::Send, wr.wr_id, opcode);
+            return Ok(());
+        }
+        if self.state != QpState::Rts {
+            return Err("QP is not in RTS");
+        }
+        if self.sq.len() >= self.caps.max_send_wr as usize {
+            return Err("send queue full");
+        }
+        if wr.sg_list.len() > self.caps.max_send_sge as usize && !wr.flags.inline {
+            return Err("too many scatter/gather entries");
+        }
+        let mut len: u64 = 0;
+        for sge in wr.sg_list {
+            len += u64::from(sge.length);
+        }
+        if len > 1 << 31 {
+            return Err("message longer than 2 GiB");
+        }
+        let len = len as u32;
+        let inline = if wr.flags.inline {
+            if len > self.caps.max_inline_data {
+                return Err("inline data longer than max_inline_data");
+            }
+            let mut data = vec![0u8; len as usize];
+            let mut at = 0usize;
+            for sge in wr.sg_list {
+                let n = sge.length as usize;
+                let dst = data.get_mut(at..at + n).ok_or("inline gather")?;
+                mem.read(self.pd, sge.lkey, sge.addr, dst).map_err(|_| "inline data is not in a registered region")?;
+                at += n;
+            }
+            Some(data)
+        } else {
+            None
+        };
+        let npkts = len.div_ceil(self.mtu).max(1);
+        let first_psn = self.sq_next_psn;
+        self.sq_next_psn = psn_add(self.sq_next_psn, npkts);
+        self.sq.push_back(SendWqe {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sges: if inline.is_some() { Vec::new() } else { wr.sg_list.to_vec() },
+            inline,
+            len,
+            signaled: wr.flags.signaled || self.sq_sig_all,
+            solicited: wr.flags.solicited,
+            first_psn,
+            npkts,
+        });
+        Ok(())
+    }
+
+    /// Queues one receive work request.
+    pub(crate) fn post_recv(&mut self, wr: &RecvWr<'_>) -> Result<(), &'static str> {
+        match self.state {
+            QpState::Reset => return Err("QP is in RESET"),
+            QpState::Err => {
+                self.flush_completion(CqSel::Recv, wr.wr_id, WcOpcode::Recv);
+                return Ok(());
+            }
+            _ => {}
+        }
+        if self.rq.len() >= self.caps.max_recv_wr as usize {
+            return Err("receive queue full");
+        }
+        if wr.sg_list.len() > self.caps.max_recv_sge as usize {
+            return Err("too many scatter/gather entries");
+        }
+        let len = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        self.rq.push_back(RecvWqe { wr_id: wr.wr_id, sges: wr.sg_list.to_vec(), len });
+        Ok(())
+    }
+
+    /// Takes the completions produced so far.
+    pub(crate) fn take_completions(&mut self, out: &mut Vec<Completion>) {
+        out.append(&mut self.completions);
+    }
+
+    /// Takes the async events produced so far.
+    pub(crate) fn take_events(&mut self, out: &mut Vec<AsyncEvent>) {
+        out.append(&mut self.events);
+    }
+
+    /// The earliest timer (retransmission or end of an RNR pause).
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        Instant::min_deadline(self.retx_timer, self.rnr_until)
+    }
+
+    /// Whether `poll_transmit` would produce a frame at `now`.
+    pub(crate) fn wants_transmit(&self, now: Instant) -> bool {
+        if self.pending_ack.is_some() && self.dest_ip.is_some() {
+            return true;
+        }
+        self.state == QpState::Rts
+            && self.rnr_until.is_none_or(|t| now >= t)
+            && self.send_psn != self.sq_next_psn
+            && (psn_diff(self.send_psn, self.una) as i64) < i64::from(self.max_inflight)
+    }
+
+    // ---------------------------------------------------------------- inbound
+
+    /// Handles one parsed packet addressed to this QP from `src`.
+    pub(crate) fn on_packet(&mut self, now: Instant, src: Ipv4Addr, pkt: &Packet<'_>, mem: &MrTable, stats: &mut FabricStats) {
+        match self.state {
+            QpState::Rtr | QpState::Rts => {}
+            _ => return,
+        }
+        if Some(src) != self.dest_ip {
+            stats.malformed += 1;
+            return;
+        }
+        let op = pkt.headers.bth.opcode;
+        if op == Opcode::RcAck {
+            if self.state == QpState::Rts {
+                self.on_ack(now, pkt, stats);
+            }
+            return;
+        }
+        if !(op.is_send() || op.is_write()) {
+            stats.malformed += 1;
+            return;
+        }
+        self.on_request(pkt, mem, stats);
+    }
+
+    fn set_ack(&mut self) {
+        match self.pending_ack {
+            Some(PendingAck::Nak { .. } | PendingAck::Rnr { .. }) => {}
+            _ => self.pending_ack = Some(PendingAck::Ack),
+        }
+    }
+
+    fn on_request(&mut self, pkt: &Packet<'_>, mem: &MrTable, stats: &mut FabricStats) {
+        let bth = pkt.headers.bth;
+        let d = psn_diff(bth.psn, self.epsn);
+        if d < 0 {
+            stats.duplicates += 1;
+            self.set_ack();
+            return;
+        }
+        if d > 0 {
+            if !self.nak_sent {
+                self.nak_sent = true;
+                self.pending_ack = Some(PendingAck::Nak { psn: self.epsn, code: NakCode::PsnSequenceError });
+                stats.seq_naks += 1;
+            }
+            return;
+        }
+        if self.state == QpState::Rtr && !self.comm_est_raised {
+            self.comm_est_raised = true;
+            self.events.push(AsyncEvent::CommEst { qp_num: self.qpn });
+        }
+        let op = bth.opcode;
+        let result = if op.is_send() { self.rx_send(pkt, mem) } else { self.rx_write(pkt, mem) };
+        match result {
+            Ok(()) => {
+                self.epsn = psn_add(self.epsn, 1);
+                self.nak_sent = false;
+                if op.is_last() {
+                    self.msn = (self.msn + 1) & packet::PSN_MASK;
+                }
+                if matches!(self.pending_ack, Some(PendingAck::Nak { code: NakCode::PsnSequenceError, .. })) {
+                    self.pending_ack = None;
+                }
+                if bth.ack_req {
+                    self.set_ack();
+                }
+            }
+            Err(Refusal::Rnr) => {
+                self.nak_sent = true;
+                self.pending_ack = Some(PendingAck::Rnr { psn: bth.psn });
+                stats.rnr_naks += 1;
+            }
+            Err(Refusal::Nak(code)) => {
+                if code == NakCode::RemoteAccessError {
+                    stats.access_errors += 1;
+                }
+                self.pending_ack = Some(PendingAck::Nak { psn: bth.psn, code });
+                self.enter_error();
+                self.events.push(AsyncEvent::QpFatal { qp_num: self.qpn });
+            }
+        }
+    }
+
+    fn complete_recv(&mut self, status: WcStatus, opcode: WcOpcode, byte_len: u32, imm: Option<u32>, solicited: bool) {
+        if let Some(r) = self.rq.pop_front() {
+            self.completions.push(Completion {
+                cq: CqSel::Recv,
+                wc: Wc { wr_id: r.wr_id, status, opcode, byte_len, imm_data: imm, qp_num: self.qpn },
+                solicited,
+            });
+        }
+    }
+
+    fn rx_send(&mut self, pkt: &Packet<'_>, mem: &MrTable) -> Result<(), Refusal> {
+        let bth = pkt.headers.bth;
+        let op = bth.opcode;
+        let offset = if op.is_first() {
+            if self.in_msg.is_some() {
+                return Err(Refusal::Nak(NakCode::InvalidRequest));
+            }
+            if self.rq.is_empty() {
+                return Err(Refusal::Rnr);
+            }
+            0
+        } else {
+            match self.in_msg {
+                Some(InMsg::Send { offset }) => offset,
+                _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
+            }
+        };
+        let plen = pkt.payload.len() as u64;
+        if plen > u64::from(self.mtu) || (!op.is_last() && plen != u64::from(self.mtu)) {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        let end = offset + plen;
+        let (fits, scatter_ok) = match self.rq.front() {
+            Some(r) if end <= r.len => (true, scatter(mem, self.pd, &r.sges, offset, pkt.payload)),
+            Some(_) => (false, false),
+            None => return Err(Refusal::Nak(NakCode::InvalidRequest)),
+        };
+        if !fits {
+            self.complete_recv(WcStatus::LocLenErr, WcOpcode::Recv, 0, None, false);
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        if !scatter_ok {
+            self.complete_recv(WcStatus::LocProtErr, WcOpcode::Recv, 0, None, false);
+            return Err(Refusal::Nak(NakCode::RemoteOperationalError));
+        }
+        if op.is_last() {
+            self.in_msg = None;
+            self.complete_recv(WcStatus::Success, WcOpcode::Recv, end as u32, pkt.headers.imm, bth.solicited);
+        } else {
+            self.in_msg = Some(InMsg::Send { offset: end });
+        }
+        Ok(())
+    }
+
+    fn rx_write(&mut self, pkt: &Packet<'_>, mem: &MrTable) -> Result<(), Refusal> {
+        let bth = pkt.headers.bth;
+        let op = bth.opcode;
+        let (rkey, va, remaining) = if op.is_first() {
+            if self.in_msg.is_some() {
+                return Err(Refusal::Nak(NakCode::InvalidRequest));
+            }
+            let Some(reth) = pkt.headers.reth else {
+                return Err(Refusal::Nak(NakCode::InvalidRequest));
+            };
+            if !self.qp_access.contains(Access::REMOTE_WRITE) {
+                return Err(Refusal::Nak(NakCode::RemoteAccessError));
+            }
+            if reth.dma_len > 0 && mem.check_remote_write(self.pd, reth.rkey, reth.va, u64::from(reth.dma_len)).is_err() {
+                return Err(Refusal::Nak(NakCode::RemoteAccessError));
+            }
+            (reth.rkey, reth.va, u64::from(reth.dma_len))
+        } else {
+            match self.in_msg {
+                Some(InMsg::Write { rkey, va, remaining }) => (rkey, va, remaining),
+                _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
+            }
+        };
+        if op.has_imm() && self.rq.is_empty() {
+            return Err(Refusal::Rnr);
+        }
+        let plen = pkt.payload.len() as u64;
+        let bad_len = plen > u64::from(self.mtu)
+            || plen > remaining
+            || (!op.is_last() && plen != u64::from(self.mtu))
+            || (op.is_last() && plen != remaining);
+        if bad_len {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        if plen > 0 && mem.write(self.pd, rkey, va, pkt.payload, Access::REMOTE_WRITE).is_err() {
+            return Err(Refusal::Nak(NakCode::RemoteAccessError));
+        }
+        if op.is_last() {
+            self.in_msg = None;
+            if op.has_imm() {
+                let total = pkt.headers.reth.map_or(0, |r| r.dma_len);
+                self.complete_recv(WcStatus::Success, WcOpcode::RecvRdmaWithImm, total, pkt.headers.imm, bth.solicited);
+            }
+        } else {
+            self.in_msg = Some(InMsg::Write { rkey, va: va + plen, remaining: remaining - plen });
+        }
+        Ok(())
+    }
+
+    fn on_ack(&mut self, now: Instant, pkt: &Packet<'_>, stats: &mut FabricStats) {
+        let Some(aeth) = pkt.headers.aeth else {
+            stats.malformed += 1;
+            return;
+        };
+        let p = pkt.headers.bth.psn;
+        let in_flight = |qp: &RcQp, psn: u32| psn_diff(psn, qp.una) >= 0 && psn_diff(psn, qp.sent_end) < 0;
+        match aeth.syndrome {
+            Syndrome::Ack { .. } => {
+                if psn_diff(p, self.una) < -1 || psn_diff(p, self.sent_end) >= 0 {
+                    return; // acknowledges nothing we have sent
+                }
+                self.ack_upto(now, p);
+            }
+            Syndrome::RnrNak { timer } => {
+                if !in_flight(self, p) {
+                    return;
+                }
+                self.ack_upto(now, psn_add(p, packet::PSN_MASK));
+                if self.rnr_retry != 7 {
+                    if self.rnr_left == 0 {
+                        self.fail_front(WcStatus::RnrRetryExcErr);
+                        return;
+                    }
+                    self.rnr_left -= 1;
+                }
+                self.rewind(p);
+                self.retx_timer = None;
+                self.rnr_until = Some(now + packet::rnr_timer_duration(timer));
+            }
+            Syndrome::Nak(code) => {
+                if !in_flight(self, p) {
+                    return;
+                }
+                self.ack_upto(now, psn_add(p, packet::PSN_MASK));
+                match code {
+                    NakCode::PsnSequenceError => {
+                        if self.retries_left == 0 {
+                            self.fail_front(WcStatus::RetryExcErr);
+                            return;
+                        }
+                        self.retries_left -= 1;
+                        self.rewind(p);
+                        self.arm_retx(now);
+                    }
+                    NakCode::InvalidRequest | NakCode::InvalidRdRequest => self.fail_front(WcStatus::RemInvReqErr),
+                    NakCode::RemoteAccessError => self.fail_front(WcStatus::RemAccessErr),
+                    NakCode::RemoteOperationalError => self.fail_front(WcStatus::RemOpErr),
+                }
+            }
+        }
+    }
+
+    fn arm_retx(&mut self, now: Instant) {
+        self.retx_timer = self.ack_timeout.map(|t| now + t);
+    }
+
+    /// Everything up to and including `p` is acknowledged.
+    fn ack_upto(&mut self, now: Instant, p: u32) {
+        if psn_diff(p, self.una) < 0 {
+            return;
+        }
+        let mut popped = 0usize;
+        while let Some(w) = self.sq.front() {
+            if psn_diff(w.last_psn(), p) > 0 {
+                break;
+            }
+            if let Some(w) = self.sq.pop_front() {
+                popped += 1;
+                if w.signaled {
+                    self.completions.push(Completion {
+                        cq: CqSel::Send,
+                        wc: Wc {
+                            wr_id: w.wr_id,
+                            status: WcStatus::Success,
+                            opcode: w.wc_opcode(),
+                            byte_len: w.len,
+                            qp_num: self.qpn,
+                            imm_data: None,
+                        },
+                        solicited: false,
+                    });
+                }
+            }
+        }
+        self.una = psn_add(p, 1);
+        self.retries_left = self.retry_cnt;
+        self.rnr_left = self.rnr_retry;
+        if psn_diff(self.send_psn, self.una) < 0 {
+            self.send_psn = self.una;
+            self.relocate();
+        } else {
+            self.send_idx = self.send_idx.saturating_sub(popped);
+        }
+        if self.una == self.sent_end {
+            self.retx_timer = None;
+        } else {
+            self.arm_retx(now);
+        }
+    }
+
+    /// Points the transmit cursor at the packet with PSN `send_psn`.
+    fn relocate(&mut self) {
+        self.send_idx = self.sq.len();
+        self.send_pkt = 0;
+        for (i, w) in self.sq.iter().enumerate() {
+            let off = psn_diff(self.send_psn, w.first_psn);
+            if off >= 0 && (off as u32) < w.npkts {
+                self.send_idx = i;
+                self.send_pkt = off as u32;
+                return;
+            }
+        }
+    }
+
+    fn rewind(&mut self, psn: u32) {
+        self.send_psn = psn;
+        self.relocate();
+    }
+
+    /// The oldest outstanding WQE failed with `status`: complete it and flush the rest.
+    fn fail_front(&mut self, status: WcStatus) {
+        self.fail_at(0, status);
+    }
+
+    fn fail_at(&mut self, idx: usize, status: WcStatus) {
+        for _ in 0..idx {
+            if let Some(w) = self.sq.pop_front() {
+                self.flush_completion(CqSel::Send, w.wr_id, w.wc_opcode());
+            }
+        }
+        if let Some(w) = self.sq.pop_front() {
+            self.completions.push(Completion {
+                cq: CqSel::Send,
+                wc: Wc { wr_id: w.wr_id, status, opcode: w.wc_opcode(), qp_num: self.qpn, ..Wc::default() },
+                solicited: false,
+            });
+        }
+        self.enter_error();
+    }
+
+    /// Fires due timers.
+    pub(crate) fn on_timer(&mut self, now: Instant, stats: &mut FabricStats) {
+        if self.state != QpState::Rts {
+            return;
+        }
+        if self.rnr_until.is_some_and(|t| now >= t) {
+            self.rnr_until = None;
+            self.arm_retx(now);
+        }
+        if self.retx_timer.is_some_and(|t| now >= t) {
+            stats.timeouts += 1;
+            if self.retries_left == 0 {
+                self.fail_front(WcStatus::RetryExcErr);
+                return;
+            }
+            self.retries_left -= 1;
+            self.rewind(self.una);
+            self.arm_retx(now);
+        }
+    }
+
+    // ---------------------------------------------------------------- outbound
+
+    /// Writes the next frame (headers + payload, room for pad and ICRC left at the end) into
+    /// `buf`, which must hold a full-MTU frame. The caller seals it with the ICRC and sends it.
+    pub(crate) fn poll_transmit(&mut self, now: Instant, mem: &MrTable, buf: &mut [u8], stats: &mut FabricStats) -> Option<TxFrame> {
+        let dst = self.dest_ip?;
+        if let Some(ack) = self.pending_ack.take() {
+            let (psn, syndrome) = match ack {
+                PendingAck::Ack => (psn_add(self.epsn, packet::PSN_MASK), Syndrome::Ack { credit_code: NO_CREDIT_INFO }),
+                PendingAck::Nak { psn, code } => (psn, Syndrome::Nak(code)),
+                PendingAck::Rnr { psn } => (psn, Syndrome::RnrNak { timer: self.min_rnr_timer }),
+            };
+            let headers = Headers {
+                bth: Bth::new(Opcode::RcAck, self.dest_qpn, psn),
+                deth: None,
+                reth: None,
+                aeth: Some(Aeth { syndrome, msn: self.msn }),
+                imm: None,
+            };
+            return match packet::emit_headers(&headers, 0, buf) {
+                Ok(_) => Some(TxFrame { len: packet::frame_len(&headers, 0), dst }),
+                Err(_) => None,
+            };
+        }
+        if !self.wants_transmit(now) {
+            return None;
+        }
+        self.rnr_until = None;
+        let idx = self.send_idx;
+        let k = self.send_pkt;
+        let psn = self.send_psn;
+        let w = self.sq.get(idx)?;
+        let first = k == 0;
+        let last = k + 1 == w.npkts;
+        let (opcode, reth, imm) = match w.op {
+            SendOp::Send => (pick(first, last, false, SEND_OPS), None, None),
+            SendOp::SendWithImm { imm } => (pick(first, last, true, SEND_OPS), None, last.then_some(imm)),
+            SendOp::RdmaWrite { remote_addr, rkey } => (
+                pick(first, last, false, WRITE_OPS),
+                first.then_some(Reth { va: remote_addr, rkey, dma_len: w.len }),
+                None,
+            ),
+            SendOp::RdmaWriteWithImm { remote_addr, rkey, imm } => (
+                pick(first, last, true, WRITE_OPS),
+                first.then_some(Reth { va: remote_addr, rkey, dma_len: w.len }),
+                last.then_some(imm),
+            ),
+        };
+        let off = u64::from(k) * u64::from(self.mtu);
+        let plen = (u64::from(w.len) - off).min(u64::from(self.mtu)) as usize;
+        let window_full = psn_diff(psn_add(psn, 1), self.una) as i64 >= i64::from(self.max_inflight);
+        let mut bth = Bth::new(opcode, self.dest_qpn, psn);
+        bth.ack_req = last || psn % ACK_REQ_INTERVAL == 0 || window_full;
+        bth.solicited = last && w.solicited;
+        let headers = Headers { bth, deth: None, reth, aeth: None, imm };
+        let hlen = packet::emit_headers(&headers, plen, buf).ok()?;
+        let gathered = match (&w.inline, buf.get_mut(hlen..hlen + plen)) {
+            (Some(data), Some(dst)) => match data.get(off as usize..off as usize + plen) {
+                Some(src) => {
+                    dst.copy_from_slice(src);
+                    true
+                }
+                None => false,
+            },
+            (None, Some(dst)) => gather(mem, self.pd, &w.sges, off, dst),
+            (_, None) => false,
+        };
+        if !gathered {
+            self.fail_at(idx, WcStatus::LocProtErr);
+            return None;
+        }
+        if psn_diff(psn, self.sent_end) < 0 {
+            stats.retransmits += 1;
+        } else {
+            self.sent_end = psn_add(psn, 1);
+        }
+        self.send_psn = psn_add(psn, 1);
+        if last {
+            self.send_idx += 1;
+            self.send_pkt = 0;
+        } else {
+            self.send_pkt += 1;
+        }
+        if self.retx_timer.is_none() {
+            self.arm_retx(now);
+        }
+        Some(TxFrame { len: packet::frame_len(&headers, plen), dst })
+    }
+}
+
+/// Opcodes by (first, last, imm) for SEND and WRITE: [only, only_imm, first, middle, last, last_imm].
+type OpTable = [Opcode; 6];
+const SEND_OPS: OpTable = [
+    Opcode::RcSendOnly,
+    Opcode::RcSendOnlyImm,
+    Opcode::RcSendFirst,
+    Opcode::RcSendMiddle,
+    Opcode::RcSendLast,
+    Opcode::RcSendLastImm,
+];
+const WRITE_OPS: OpTable = [
+    Opcode::RcWriteOnly,
+    Opcode::RcWriteOnlyImm,
+    Opcode::RcWriteFirst,
+    Opcode::RcWriteMiddle,
+    Opcode::RcWriteLast,
+    Opcode::RcWriteLastImm,
+];
+
+fn pick(first: bool, last: bool, imm: bool, t: OpTable) -> Opcode {
+    let [only, only_imm, first_op, middle, last_op, last_imm] = t;
+    match (first, last, imm) {
+        (true, true, false) => only,
+        (true, true, true) => only_imm,
+        (true, false, _) => first_op,
+        (false, false, _) => middle,
+        (false, true, false) => last_op,
+        (false, true, true) => last_imm,
+    }
+}
+
+/// Copies bytes `off..off+dst.len()` of the message described by `sges` into `dst`.
+fn gather(mem: &MrTable, pd: u32, sges: &[Sge], off: u64, dst: &mut [u8]) -> bool {
+    let mut skip = off;
+    let mut at = 0usize;
+    for sge in sges {
+        if at == dst.len() {
+            break;
+        }
+        let len = u64::from(sge.length);
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let n = ((len - skip) as usize).min(dst.len() - at);
+        let Some(piece) = dst.get_mut(at..at + n) else { return false };
+        if mem.read(pd, sge.lkey, sge.addr + skip, piece).is_err() {
+            return false;
+        }
+        at += n;
+        skip = 0;
+    }
+    at == dst.len()
+}
+
+/// Copies `data` into the receive described by `sges`, starting at byte `off`.
+fn scatter(mem: &MrTable, pd: u32, sges: &[Sge], off: u64, data: &[u8]) -> bool {
+    let mut skip = off;
+    let mut at = 0usize;
+    for sge in sges {
+        if at == data.len() {
+            break;
+        }
+        let len = u64::from(sge.length);
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let n = ((len - skip) as usize).min(data.len() - at);
+        let Some(piece) = data.get(at..at + n) else { return false };
+        if mem.write(pd, sge.lkey, sge.addr + skip, piece, Access::LOCAL_WRITE).is_err() {
+            return false;
+        }
+        at += n;
+        skip = 0;
+    }
+    at == data.len()
+}
