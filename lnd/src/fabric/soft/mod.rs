@@ -1,1 +1,2 @@
 //! The software RC device (under construction).
+pub mod packet;
