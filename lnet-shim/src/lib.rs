@@ -5,6 +5,11 @@
 //! an LND (the `lnd` crate's o2iblnd) plugs in behind the [`lnd`] trait and moves the bytes.
 #![forbid(unsafe_code)]
 
+pub mod hdr;
 pub mod nid;
 
+pub use hdr::{
+    AckMsg, GetMsg, HdrError, HelloMsg, LNET_HDR_SIZE, LnetHdr, LnetMsg, LnetMsgType, PutMsg,
+    ReplyMsg, WireHandle,
+};
 pub use nid::{Net, NetType, Nid, NidParseError, ProcessId};
