@@ -6,10 +6,16 @@
 #![forbid(unsafe_code)]
 
 pub mod hdr;
+pub mod matching;
 pub mod nid;
 
 pub use hdr::{
     AckMsg, GetMsg, HdrError, HelloMsg, LNET_HDR_SIZE, LnetHdr, LnetMsg, LnetMsgType, PutMsg,
     ReplyMsg, WireHandle,
+};
+pub use matching::{
+    ANY_PROCESS, DEFAULT_PORTALS, DropReason, InsertPos, MatchEntry, MatchError, MatchOp,
+    MatchResult, Matched, MdHandle, MdOptions, MdSpec, MdStatus, MeHandle, PortalTable, Threshold,
+    Unlink, UnlinkedMd,
 };
 pub use nid::{Net, NetType, Nid, NidParseError, ProcessId};
