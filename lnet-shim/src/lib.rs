@@ -5,6 +5,19 @@
 //! an LND (the `lnd` crate's o2iblnd) plugs in behind the [`lnd`] trait and moves the bytes.
 #![forbid(unsafe_code)]
 
+pub mod event;
+pub mod hdr;
+pub mod matching;
 pub mod nid;
 
+pub use event::{Errno, Event, EventCallback, EventKind, EventQueue, EventSink};
+pub use hdr::{
+    AckMsg, GetMsg, HdrError, HelloMsg, LNET_HDR_SIZE, LnetHdr, LnetMsg, LnetMsgType, PutMsg,
+    ReplyMsg, WireHandle,
+};
+pub use matching::{
+    ANY_PROCESS, DEFAULT_PORTALS, DropReason, InsertPos, MatchEntry, MatchError, MatchOp,
+    MatchResult, Matched, MdHandle, MdOptions, MdSpec, MdStatus, MeHandle, PortalTable, Threshold,
+    Unlink, UnlinkedMd,
+};
 pub use nid::{Net, NetType, Nid, NidParseError, ProcessId};
