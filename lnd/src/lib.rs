@@ -11,8 +11,8 @@
 //! output; the driver that owns threads, sockets and the OS clock is thin.
 
 pub mod cm;
-pub mod rng;
 pub mod fabric;
+pub mod rng;
 pub mod time;
 pub mod tunables;
 pub mod wire;

@@ -151,10 +151,7 @@ impl Errno {
 
     /// The symbolic name (`ETIMEDOUT`) for the errnos this type names.
     pub fn name(self) -> Option<&'static str> {
-        Self::NAMES
-            .iter()
-            .find(|(e, _)| *e == self)
-            .map(|(_, name)| *name)
+        Self::NAMES.iter().find(|(e, _)| *e == self).map(|(_, name)| *name)
     }
 
     fn describe(&self) -> String {
@@ -247,10 +244,7 @@ impl EventQueue {
     /// The lock, recovering from poisoning: the ring holds plain data, every update to it is
     /// complete before anything that could panic, so a poisoned lock is still consistent.
     fn lock(&self) -> MutexGuard<'_, Ring> {
-        self.shared
-            .ring
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shared.ring.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Adds an event, dropping the oldest unread one if the queue is full, and wakes one
@@ -390,9 +384,7 @@ mod tests {
             q.push(event(n));
         }
         assert_eq!(q.len(), 10);
-        let got: Vec<u64> = std::iter::from_fn(|| q.poll())
-            .map(|e| e.match_bits)
-            .collect();
+        let got: Vec<u64> = std::iter::from_fn(|| q.poll()).map(|e| e.match_bits).collect();
         assert_eq!(got, (0..10).collect::<Vec<_>>());
         assert_eq!(q.poll(), None);
         assert_eq!(q.take_overflow(), 0);
@@ -408,9 +400,7 @@ mod tests {
         assert_eq!(q.dropped(), 6);
         assert_eq!(q.take_overflow(), 6);
         assert_eq!(q.take_overflow(), 0);
-        let got: Vec<u64> = std::iter::from_fn(|| q.poll())
-            .map(|e| e.match_bits)
-            .collect();
+        let got: Vec<u64> = std::iter::from_fn(|| q.poll()).map(|e| e.match_bits).collect();
         assert_eq!(got, [6, 7, 8, 9]);
         q.push(event(10));
         q.push(event(11));
@@ -426,14 +416,8 @@ mod tests {
         let start = std::time::Instant::now();
         assert_eq!(q.wait(Duration::from_millis(20)), None);
         let waited = start.elapsed();
-        assert!(
-            waited >= Duration::from_millis(19),
-            "returned after {waited:?}"
-        );
-        assert!(
-            waited < Duration::from_secs(10),
-            "returned after {waited:?}"
-        );
+        assert!(waited >= Duration::from_millis(19), "returned after {waited:?}");
+        assert!(waited < Duration::from_secs(10), "returned after {waited:?}");
         // An event already queued returns at once.
         q.push(event(1));
         assert_eq!(q.wait(Duration::from_secs(10)).unwrap().match_bits, 1);
@@ -457,9 +441,7 @@ mod tests {
         // Far longer than the test can take: returning at all means the push woke us.
         let mut got = Vec::new();
         while got.len() < 3 {
-            let e = q
-                .wait(Duration::from_secs(30))
-                .expect("woken by the producer");
+            let e = q.wait(Duration::from_secs(30)).expect("woken by the producer");
             got.push(e.match_bits);
         }
         producer.join().unwrap();

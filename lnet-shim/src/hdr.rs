@@ -26,12 +26,7 @@
 //! Bytes of the union a type does not use are written as zero and ignored when reading.
 #![cfg_attr(
     not(test),
-    deny(
-        clippy::indexing_slicing,
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic
-    )
+    deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
 use std::fmt;
@@ -60,17 +55,11 @@ pub struct WireHandle {
 
 impl WireHandle {
     /// The handle that names nothing: both cookies `LNET_WIRE_HANDLE_COOKIE_NONE` (all ones).
-    pub const NONE: WireHandle = WireHandle {
-        interface_cookie: u64::MAX,
-        object_cookie: u64::MAX,
-    };
+    pub const NONE: WireHandle = WireHandle { interface_cookie: u64::MAX, object_cookie: u64::MAX };
 
     /// A handle from its two cookies.
     pub const fn new(interface_cookie: u64, object_cookie: u64) -> WireHandle {
-        WireHandle {
-            interface_cookie,
-            object_cookie,
-        }
+        WireHandle { interface_cookie, object_cookie }
     }
 
     /// Whether this is [`WireHandle::NONE`] (LNet's `lnet_is_wire_handle_none`: both cookies
@@ -310,9 +299,7 @@ impl LnetHdr {
     /// Union bytes the type does not use are ignored, so `decode(x)?.encode()` equals `x` only
     /// where those bytes were zero.
     pub fn decode(bytes: &[u8]) -> Result<LnetHdr, HdrError> {
-        let image: &[u8; LNET_HDR_SIZE] = bytes
-            .first_chunk()
-            .ok_or(HdrError::Short { len: bytes.len() })?;
+        let image: &[u8; LNET_HDR_SIZE] = bytes.first_chunk().ok_or(HdrError::Short { len: bytes.len() })?;
         let mut r = Reader::new(image);
         let dest_nid = r.u64();
         let src_nid = r.u64();
@@ -320,14 +307,11 @@ impl LnetHdr {
         let src_pid = r.u32();
         let raw_type = r.u32();
         let payload_length = r.u32();
-        let msg_type =
-            LnetMsgType::from_u32(raw_type).ok_or(HdrError::UnknownType { raw: raw_type })?;
+        let msg_type = LnetMsgType::from_u32(raw_type).ok_or(HdrError::UnknownType { raw: raw_type })?;
         let msg = match msg_type {
-            LnetMsgType::Ack => LnetMsg::Ack(AckMsg {
-                dst_wmd: r.handle(),
-                match_bits: r.u64(),
-                mlength: r.u32(),
-            }),
+            LnetMsgType::Ack => {
+                LnetMsg::Ack(AckMsg { dst_wmd: r.handle(), match_bits: r.u64(), mlength: r.u32() })
+            }
             LnetMsgType::Put => LnetMsg::Put(PutMsg {
                 ack_wmd: r.handle(),
                 match_bits: r.u64(),
@@ -342,13 +326,8 @@ impl LnetHdr {
                 src_offset: r.u32(),
                 sink_length: r.u32(),
             }),
-            LnetMsgType::Reply => LnetMsg::Reply(ReplyMsg {
-                dst_wmd: r.handle(),
-            }),
-            LnetMsgType::Hello => LnetMsg::Hello(HelloMsg {
-                incarnation: r.u64(),
-                hello_type: r.u32(),
-            }),
+            LnetMsgType::Reply => LnetMsg::Reply(ReplyMsg { dst_wmd: r.handle() }),
+            LnetMsgType::Hello => LnetMsg::Hello(HelloMsg { incarnation: r.u64(), hello_type: r.u32() }),
         };
         Ok(LnetHdr {
             dest: ProcessId::new(Nid::from_u64(dest_nid), dest_pid),
@@ -368,10 +347,7 @@ struct Writer {
 
 impl Writer {
     fn new() -> Writer {
-        Writer {
-            buf: [0; LNET_HDR_SIZE],
-            pos: 0,
-        }
+        Writer { buf: [0; LNET_HDR_SIZE], pos: 0 }
     }
 
     fn bytes<const N: usize>(&mut self, v: [u8; N]) {
@@ -424,10 +400,7 @@ impl<'a> Reader<'a> {
     }
 
     fn handle(&mut self) -> WireHandle {
-        WireHandle {
-            interface_cookie: self.u64(),
-            object_cookie: self.u64(),
-        }
+        WireHandle { interface_cookie: self.u64(), object_cookie: self.u64() }
     }
 }
 
@@ -543,11 +516,7 @@ mod tests {
         let (dest, src) = endpoints();
         let h = WireHandle::new(7, 9);
         let msgs = [
-            LnetMsg::Ack(AckMsg {
-                dst_wmd: h,
-                match_bits: 0x55,
-                mlength: 1 << 20,
-            }),
+            LnetMsg::Ack(AckMsg { dst_wmd: h, match_bits: 0x55, mlength: 1 << 20 }),
             LnetMsg::Put(PutMsg {
                 ack_wmd: WireHandle::NONE,
                 match_bits: u64::MAX,
@@ -563,19 +532,9 @@ mod tests {
                 sink_length: 3976,
             }),
             LnetMsg::Reply(ReplyMsg { dst_wmd: h }),
-            LnetMsg::Hello(HelloMsg {
-                incarnation: 0x0123_4567_89ab_cdef,
-                hello_type: 3,
-            }),
+            LnetMsg::Hello(HelloMsg { incarnation: 0x0123_4567_89ab_cdef, hello_type: 3 }),
         ];
-        msgs.into_iter()
-            .map(|msg| LnetHdr {
-                dest,
-                src,
-                payload_length: 17,
-                msg,
-            })
-            .collect()
+        msgs.into_iter().map(|msg| LnetHdr { dest, src, payload_length: 17, msg }).collect()
     }
 
     #[test]
@@ -699,9 +658,6 @@ mod tests {
                 }
             }
         }
-        assert!(
-            decoded > 10_000,
-            "seed {SEED:#x}: only {decoded} inputs decoded"
-        );
+        assert!(decoded > 10_000, "seed {SEED:#x}: only {decoded} inputs decoded");
     }
 }

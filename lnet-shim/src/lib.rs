@@ -12,12 +12,11 @@ pub mod nid;
 
 pub use event::{Errno, Event, EventCallback, EventKind, EventQueue, EventSink};
 pub use hdr::{
-    AckMsg, GetMsg, HdrError, HelloMsg, LNET_HDR_SIZE, LnetHdr, LnetMsg, LnetMsgType, PutMsg,
-    ReplyMsg, WireHandle,
+    AckMsg, GetMsg, HdrError, HelloMsg, LNET_HDR_SIZE, LnetHdr, LnetMsg, LnetMsgType, PutMsg, ReplyMsg,
+    WireHandle,
 };
 pub use matching::{
-    ANY_PROCESS, DEFAULT_PORTALS, DropReason, InsertPos, MatchEntry, MatchError, MatchOp,
-    MatchResult, Matched, MdHandle, MdOptions, MdSpec, MdStatus, MeHandle, PortalTable, Threshold,
-    Unlink, UnlinkedMd,
+    ANY_PROCESS, DEFAULT_PORTALS, DropReason, InsertPos, MatchEntry, MatchError, MatchOp, MatchResult,
+    Matched, MdHandle, MdOptions, MdSpec, MdStatus, MeHandle, PortalTable, Threshold, Unlink, UnlinkedMd,
 };
 pub use nid::{Net, NetType, Nid, NidParseError, ProcessId};

@@ -75,11 +75,7 @@ impl MdOptions {
 
     /// Options from LNet bits, or `None` if a bit this type does not model is set.
     pub const fn from_bits(bits: u32) -> Option<MdOptions> {
-        if bits & !Self::ALL == 0 {
-            Some(MdOptions(bits))
-        } else {
-            None
-        }
+        if bits & !Self::ALL == 0 { Some(MdOptions(bits)) } else { None }
     }
 
     /// Options from LNet bits, dropping bits this type does not model.
@@ -259,8 +255,7 @@ impl MatchEntry {
     /// Whether a request from `initiator` with `match_bits` passes this entry (steps 3 and 4 of
     /// the module description).
     pub const fn accepts(&self, initiator: ProcessId, match_bits: u64) -> bool {
-        let nid_ok =
-            self.match_id.nid.is_any() || self.match_id.nid.as_u64() == initiator.nid.as_u64();
+        let nid_ok = self.match_id.nid.is_any() || self.match_id.nid.as_u64() == initiator.nid.as_u64();
         let pid_ok = self.match_id.pid == ProcessId::PID_ANY || self.match_id.pid == initiator.pid;
         nid_ok && pid_ok && (self.match_bits ^ match_bits) & !self.ignore_bits == 0
     }
@@ -286,13 +281,7 @@ pub struct MdSpec {
 impl MdSpec {
     /// An MD of `length` bytes with `options` and `threshold`, no `max_size`, `user_ptr` 0.
     pub const fn new(length: u64, options: MdOptions, threshold: Threshold) -> MdSpec {
-        MdSpec {
-            length,
-            options,
-            threshold,
-            max_size: None,
-            user_ptr: 0,
-        }
+        MdSpec { length, options, threshold, max_size: None, user_ptr: 0 }
     }
 
     /// The same MD with `user_ptr`.
@@ -514,10 +503,7 @@ struct Slot<T> {
 
 impl<T> Slab<T> {
     fn new() -> Slab<T> {
-        Slab {
-            slots: Vec::new(),
-            free: Vec::new(),
-        }
+        Slab { slots: Vec::new(), free: Vec::new() }
     }
 
     /// Stores `value`; returns (index, generation).
@@ -529,18 +515,12 @@ impl<T> Slab<T> {
             }
         }
         let index = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-        self.slots.push(Slot {
-            generation: 1,
-            value: Some(value),
-        });
+        self.slots.push(Slot { generation: 1, value: Some(value) });
         (index, 1)
     }
 
     fn get(&self, index: u32, generation: u32) -> Option<&T> {
-        self.slots
-            .get(index as usize)
-            .filter(|s| s.generation == generation)
-            .and_then(|s| s.value.as_ref())
+        self.slots.get(index as usize).filter(|s| s.generation == generation).and_then(|s| s.value.as_ref())
     }
 
     fn get_mut(&mut self, index: u32, generation: u32) -> Option<&mut T> {
@@ -558,11 +538,7 @@ impl<T> Slab<T> {
         }
         let value = slot.value.take()?;
         // Generations cycle through 1..u32::MAX so cookies are never 0 or all ones.
-        slot.generation = if slot.generation >= u32::MAX - 1 {
-            1
-        } else {
-            slot.generation + 1
-        };
+        slot.generation = if slot.generation >= u32::MAX - 1 { 1 } else { slot.generation + 1 };
         self.free.push(index);
         Some(value)
     }
@@ -588,10 +564,7 @@ impl MdState {
     /// `lnet_md_exhausted`.
     fn exhausted(&self) -> bool {
         self.threshold.is_exhausted()
-            || self
-                .spec
-                .max_size
-                .is_some_and(|max| self.offset.saturating_add(max) > self.spec.length)
+            || self.spec.max_size.is_some_and(|max| self.offset.saturating_add(max) > self.spec.length)
     }
 }
 
@@ -628,10 +601,7 @@ impl PortalTable {
 
     /// The match entries on `portal`, in match order (empty for an out-of-range portal).
     pub fn entries(&self, portal: u32) -> Vec<MeHandle> {
-        self.portals
-            .get(portal as usize)
-            .map(|list| list.iter().copied().collect())
-            .unwrap_or_default()
+        self.portals.get(portal as usize).map(|list| list.iter().copied().collect()).unwrap_or_default()
     }
 
     /// Adds a match entry, without an MD, to `portal` (`LNetMEAttach`). It matches nothing
@@ -641,11 +611,7 @@ impl PortalTable {
         if self.portals.get(portal as usize).is_none() {
             return Err(MatchError::BadPortal { portal, nportals });
         }
-        let (index, generation) = self.mes.insert(MeState {
-            portal,
-            entry,
-            md: None,
-        });
+        let (index, generation) = self.mes.insert(MeState { portal, entry, md: None });
         let handle = MeHandle { index, generation };
         if let Some(list) = self.portals.get_mut(portal as usize) {
             match entry.position {
@@ -658,17 +624,9 @@ impl PortalTable {
 
     /// Attaches an MD to an entry that has none (`LNetMDAttach`). With [`Unlink::Auto`] the MD
     /// unlinks itself once exhausted.
-    pub fn md_attach(
-        &mut self,
-        me: MeHandle,
-        md: MdSpec,
-        unlink: Unlink,
-    ) -> Result<MdHandle, MatchError> {
+    pub fn md_attach(&mut self, me: MeHandle, md: MdSpec, unlink: Unlink) -> Result<MdHandle, MatchError> {
         Self::validate(&md)?;
-        let me_state = self
-            .mes
-            .get(me.index, me.generation)
-            .ok_or(MatchError::StaleHandle { what: "ME" })?;
+        let me_state = self.mes.get(me.index, me.generation).ok_or(MatchError::StaleHandle { what: "ME" })?;
         if me_state.md.is_some() {
             return Err(MatchError::MeInUse);
         }
@@ -702,17 +660,13 @@ impl PortalTable {
     }
 
     fn validate(md: &MdSpec) -> Result<(), MatchError> {
-        if !md
-            .options
-            .intersects(MdOptions::OP_PUT.union(MdOptions::OP_GET))
-        {
+        if !md.options.intersects(MdOptions::OP_PUT.union(MdOptions::OP_GET)) {
             return Err(MatchError::NoOperation);
         }
         match md.max_size {
-            Some(max_size) if max_size > md.length => Err(MatchError::MaxSizeTooBig {
-                max_size,
-                length: md.length,
-            }),
+            Some(max_size) if max_size > md.length => {
+                Err(MatchError::MaxSizeTooBig { max_size, length: md.length })
+            }
             _ => Ok(()),
         }
     }
@@ -730,35 +684,27 @@ impl PortalTable {
 
     /// The entry behind a handle and the MD attached to it, or `None` if the handle is stale.
     pub fn me_status(&self, me: MeHandle) -> Option<(u32, MatchEntry, Option<MdHandle>)> {
-        self.mes
-            .get(me.index, me.generation)
-            .map(|s| (s.portal, s.entry, s.md))
+        self.mes.get(me.index, me.generation).map(|s| (s.portal, s.entry, s.md))
     }
 
     /// Unlinks an MD (`LNetMDUnlink`); its entry goes too if created with [`Unlink::Auto`],
     /// otherwise the entry stays, empty. The handle is stale afterwards.
     pub fn md_unlink(&mut self, md: MdHandle) -> Result<UnlinkedMd, MatchError> {
-        self.remove_md(md)
-            .ok_or(MatchError::StaleHandle { what: "MD" })
+        self.remove_md(md).ok_or(MatchError::StaleHandle { what: "MD" })
     }
 
     /// Unlinks an entry and the MD attached to it, if any (`LNetMEUnlink`). Returns what was
     /// removed of the MD.
     pub fn me_unlink(&mut self, me: MeHandle) -> Result<Option<UnlinkedMd>, MatchError> {
-        let state = self
-            .mes
-            .remove(me.index, me.generation)
-            .ok_or(MatchError::StaleHandle { what: "ME" })?;
+        let state = self.mes.remove(me.index, me.generation).ok_or(MatchError::StaleHandle { what: "ME" })?;
         self.remove_from_portal(state.portal, me);
         Ok(state.md.and_then(|md| {
-            self.mds
-                .remove(md.index, md.generation)
-                .map(|s| UnlinkedMd {
-                    md,
-                    user_ptr: s.spec.user_ptr,
-                    offset: s.offset,
-                    me_unlinked: Some(me),
-                })
+            self.mds.remove(md.index, md.generation).map(|s| UnlinkedMd {
+                md,
+                user_ptr: s.spec.user_ptr,
+                offset: s.offset,
+                me_unlinked: Some(me),
+            })
         }))
     }
 
@@ -785,12 +731,7 @@ impl PortalTable {
             self.remove_from_portal(portal, me);
             me_unlinked = Some(me);
         }
-        Some(UnlinkedMd {
-            md,
-            user_ptr: state.spec.user_ptr,
-            offset: state.offset,
-            me_unlinked,
-        })
+        Some(UnlinkedMd { md, user_ptr: state.spec.user_ptr, offset: state.offset, me_unlinked })
     }
 
     /// Matches an incoming PUT of `rlength` bytes at remote offset `roffset`
@@ -803,14 +744,7 @@ impl PortalTable {
         rlength: u64,
         roffset: u64,
     ) -> MatchResult {
-        self.match_md(
-            MatchOp::Put,
-            initiator,
-            portal,
-            match_bits,
-            rlength,
-            roffset,
-        )
+        self.match_md(MatchOp::Put, initiator, portal, match_bits, rlength, roffset)
     }
 
     /// Matches an incoming GET for `rlength` bytes at remote offset `roffset`
@@ -823,14 +757,7 @@ impl PortalTable {
         rlength: u64,
         roffset: u64,
     ) -> MatchResult {
-        self.match_md(
-            MatchOp::Get,
-            initiator,
-            portal,
-            match_bits,
-            rlength,
-            roffset,
-        )
+        self.match_md(MatchOp::Get, initiator, portal, match_bits, rlength, roffset)
     }
 
     /// Matches an incoming request (`lnet_ptl_match_md` / `lnet_try_match_md`); see the module
@@ -866,21 +793,14 @@ impl PortalTable {
             }
             // This MD matches: check the length, then commit or drop.
             let spec = &md_state.spec;
-            let offset = if spec.options.contains(MdOptions::MANAGE_REMOTE) {
-                roffset
-            } else {
-                md_state.offset
-            };
+            let offset =
+                if spec.options.contains(MdOptions::MANAGE_REMOTE) { roffset } else { md_state.offset };
             let room = spec.length.saturating_sub(offset);
             // LNet gives a MAX_SIZE MD exactly max_size of room; capped here by what is left
             // of the buffer so a remote offset can never point past its end.
             let available = spec.max_size.map_or(room, |max| max.min(room));
             if rlength > available && !spec.options.contains(MdOptions::TRUNCATE) {
-                return MatchResult::Dropped(DropReason::TooLong {
-                    md,
-                    rlength,
-                    available,
-                });
+                return MatchResult::Dropped(DropReason::TooLong { md, rlength, available });
             }
             found = Some((me, md, offset, rlength.min(available)));
             break;
@@ -946,10 +866,7 @@ mod tests {
         let md = MdSpec::new(4096, PUT, Threshold::Infinite);
         t.attach(4, entry, md, Unlink::Retain).unwrap();
         for bits in [0xab00, 0xab01, 0xabff] {
-            assert!(
-                t.match_put(client(), 4, bits, 1, 0).matched().is_some(),
-                "{bits:#x}"
-            );
+            assert!(t.match_put(client(), 4, bits, 1, 0).matched().is_some(), "{bits:#x}");
         }
         for bits in [0xaa00, 0x1ab00, 0xac00] {
             assert_eq!(
@@ -959,14 +876,8 @@ mod tests {
             );
         }
         // Another portal sees nothing; an out-of-range one is its own reason.
-        assert_eq!(
-            t.match_put(client(), 5, 0xab00, 1, 0),
-            MatchResult::Dropped(DropReason::NoMatch)
-        );
-        assert_eq!(
-            t.match_put(client(), 64, 0xab00, 1, 0),
-            MatchResult::Dropped(DropReason::BadPortal)
-        );
+        assert_eq!(t.match_put(client(), 5, 0xab00, 1, 0), MatchResult::Dropped(DropReason::NoMatch));
+        assert_eq!(t.match_put(client(), 64, 0xab00, 1, 0), MatchResult::Dropped(DropReason::BadPortal));
     }
 
     #[test]
@@ -982,8 +893,7 @@ mod tests {
         t.attach(0, any_nid, md, Unlink::Retain).unwrap();
         let same_node_other_pid = ProcessId::new(a.nid, 7);
         let other_node = pid("10.0.0.2@o2ib", 12345);
-        let ok =
-            |t: &mut PortalTable, who, bits| t.match_put(who, 0, bits, 1, 0).matched().is_some();
+        let ok = |t: &mut PortalTable, who, bits| t.match_put(who, 0, bits, 1, 0).matched().is_some();
         assert!(ok(&mut t, a, 1));
         assert!(!ok(&mut t, same_node_other_pid, 1));
         assert!(!ok(&mut t, other_node, 1));
@@ -997,37 +907,17 @@ mod tests {
     fn op_flags() {
         let mut t = PortalTable::default();
         let e = MatchEntry::new(ANY_PROCESS, 9);
-        t.attach(
-            1,
-            e,
-            MdSpec::new(10, MdOptions::OP_GET, Threshold::Infinite),
-            Unlink::Retain,
-        )
-        .unwrap();
-        assert_eq!(
-            t.match_put(client(), 1, 9, 1, 0),
-            MatchResult::Dropped(DropReason::NoMatch)
-        );
+        t.attach(1, e, MdSpec::new(10, MdOptions::OP_GET, Threshold::Infinite), Unlink::Retain).unwrap();
+        assert_eq!(t.match_put(client(), 1, 9, 1, 0), MatchResult::Dropped(DropReason::NoMatch));
         assert!(t.match_get(client(), 1, 9, 1, 0).matched().is_some());
         // An MD with neither operation is refused up front, and nothing is left behind.
         assert_eq!(
-            t.attach(
-                1,
-                e,
-                MdSpec::new(10, MdOptions::TRUNCATE, Threshold::Infinite),
-                Unlink::Retain
-            ),
+            t.attach(1, e, MdSpec::new(10, MdOptions::TRUNCATE, Threshold::Infinite), Unlink::Retain),
             Err(MatchError::NoOperation)
         );
         assert_eq!(t.entries(1).len(), 1);
         let both = MdOptions::OP_PUT | MdOptions::OP_GET;
-        t.attach(
-            2,
-            e,
-            MdSpec::new(10, both, Threshold::Infinite),
-            Unlink::Retain,
-        )
-        .unwrap();
+        t.attach(2, e, MdSpec::new(10, both, Threshold::Infinite), Unlink::Retain).unwrap();
         assert!(t.match_put(client(), 2, 9, 1, 0).matched().is_some());
         assert!(t.match_get(client(), 2, 9, 1, 0).matched().is_some());
     }
@@ -1036,14 +926,7 @@ mod tests {
     fn local_offsets_advance_and_remote_offsets_do_not() {
         let mut t = PortalTable::default();
         let e = MatchEntry::new(ANY_PROCESS, 0);
-        let (_, local) = t
-            .attach(
-                0,
-                e,
-                MdSpec::new(1000, PUT, Threshold::Infinite),
-                Unlink::Retain,
-            )
-            .unwrap();
+        let (_, local) = t.attach(0, e, MdSpec::new(1000, PUT, Threshold::Infinite), Unlink::Retain).unwrap();
         let m1 = matched(t.match_put(client(), 0, 0, 300, 999));
         let m2 = matched(t.match_put(client(), 0, 0, 300, 999));
         assert_eq!((m1.md, m1.offset, m1.mlength), (local, 0, 300));
@@ -1051,13 +934,7 @@ mod tests {
         assert_eq!(t.md_status(local).unwrap().offset, 600);
 
         let remote = MdOptions::OP_PUT | MdOptions::MANAGE_REMOTE;
-        t.attach(
-            1,
-            e,
-            MdSpec::new(1000, remote, Threshold::Infinite),
-            Unlink::Retain,
-        )
-        .unwrap();
+        t.attach(1, e, MdSpec::new(1000, remote, Threshold::Infinite), Unlink::Retain).unwrap();
         let m = matched(t.match_put(client(), 1, 0, 100, 500));
         assert_eq!((m.offset, m.mlength), (500, 100));
         let m = matched(t.match_put(client(), 1, 0, 100, 20));
@@ -1069,13 +946,7 @@ mod tests {
         let mut t = PortalTable::default();
         let e = MatchEntry::new(ANY_PROCESS, 0);
         let trunc = MdOptions::OP_PUT | MdOptions::TRUNCATE;
-        t.attach(
-            0,
-            e,
-            MdSpec::new(100, trunc, Threshold::Infinite),
-            Unlink::Retain,
-        )
-        .unwrap();
+        t.attach(0, e, MdSpec::new(100, trunc, Threshold::Infinite), Unlink::Retain).unwrap();
         let m = matched(t.match_put(client(), 0, 0, 60, 0));
         assert_eq!((m.offset, m.mlength, m.rlength), (0, 60, 60));
         let m = matched(t.match_put(client(), 0, 0, 60, 0));
@@ -1085,28 +956,11 @@ mod tests {
 
         // Without TRUNCATE an oversized request drops the message; the later entry, which
         // would fit, is not tried (LNET_MATCHMD_DROP ends the walk).
-        let (_, small) = t
-            .attach(
-                1,
-                e,
-                MdSpec::new(100, PUT, Threshold::Infinite),
-                Unlink::Retain,
-            )
-            .unwrap();
-        t.attach(
-            1,
-            e,
-            MdSpec::new(10_000, PUT, Threshold::Infinite),
-            Unlink::Retain,
-        )
-        .unwrap();
+        let (_, small) = t.attach(1, e, MdSpec::new(100, PUT, Threshold::Infinite), Unlink::Retain).unwrap();
+        t.attach(1, e, MdSpec::new(10_000, PUT, Threshold::Infinite), Unlink::Retain).unwrap();
         assert_eq!(
             t.match_put(client(), 1, 0, 101, 0),
-            MatchResult::Dropped(DropReason::TooLong {
-                md: small,
-                rlength: 101,
-                available: 100
-            })
+            MatchResult::Dropped(DropReason::TooLong { md: small, rlength: 101, available: 100 })
         );
         // A refused request changes nothing.
         let s = t.md_status(small).unwrap();
@@ -1115,13 +969,7 @@ mod tests {
 
         // A remote offset past the end leaves no room (never wraps).
         let remote = MdOptions::OP_GET | MdOptions::MANAGE_REMOTE;
-        t.attach(
-            2,
-            e,
-            MdSpec::new(100, remote, Threshold::Infinite),
-            Unlink::Retain,
-        )
-        .unwrap();
+        t.attach(2, e, MdSpec::new(100, remote, Threshold::Infinite), Unlink::Retain).unwrap();
         assert!(matches!(
             t.match_get(client(), 2, 0, 1, 200),
             MatchResult::Dropped(DropReason::TooLong { available: 0, .. })
@@ -1133,16 +981,8 @@ mod tests {
         let mut t = PortalTable::default();
         let e = MatchEntry::new(ANY_PROCESS, 0);
         assert_eq!(
-            t.attach(
-                0,
-                e,
-                MdSpec::new(100, PUT, Threshold::Infinite).with_max_size(101),
-                Unlink::Retain
-            ),
-            Err(MatchError::MaxSizeTooBig {
-                max_size: 101,
-                length: 100
-            })
+            t.attach(0, e, MdSpec::new(100, PUT, Threshold::Infinite).with_max_size(101), Unlink::Retain),
+            Err(MatchError::MaxSizeTooBig { max_size: 101, length: 100 })
         );
         let md = MdSpec::new(100, PUT, Threshold::Infinite).with_max_size(40);
         let (_, h) = t.attach(0, e, md, Unlink::Auto).unwrap();
@@ -1154,10 +994,7 @@ mod tests {
         ));
         // 30 + 40 = 70 <= 100 fits; after it, 70 + 40 > 100: exhausted and auto-unlinked.
         let m = matched(t.match_put(client(), 0, 0, 40, 0));
-        assert_eq!(
-            (m.offset, m.mlength, m.exhausted, m.unlinked),
-            (30, 40, true, true)
-        );
+        assert_eq!((m.offset, m.mlength, m.exhausted, m.unlinked), (30, 40, true, true));
         assert_eq!(t.md_status(h), None);
     }
 
@@ -1165,14 +1002,7 @@ mod tests {
     fn threshold_counts_and_infinite() {
         let mut t = PortalTable::default();
         let e = MatchEntry::new(ANY_PROCESS, 0);
-        let (_, h) = t
-            .attach(
-                0,
-                e,
-                MdSpec::new(1 << 20, PUT, Threshold::Count(2)),
-                Unlink::Retain,
-            )
-            .unwrap();
+        let (_, h) = t.attach(0, e, MdSpec::new(1 << 20, PUT, Threshold::Count(2)), Unlink::Retain).unwrap();
         let m = matched(t.match_put(client(), 0, 0, 1, 0));
         assert!(!m.exhausted);
         assert_eq!(t.md_status(h).unwrap().threshold, Threshold::Count(1));
@@ -1180,19 +1010,9 @@ mod tests {
         assert!(m.exhausted && !m.unlinked);
         // Retained but inactive: it stays attached and matches nothing.
         assert!(t.md_status(h).unwrap().exhausted);
-        assert_eq!(
-            t.match_put(client(), 0, 0, 1, 0),
-            MatchResult::Dropped(DropReason::NoMatch)
-        );
+        assert_eq!(t.match_put(client(), 0, 0, 1, 0), MatchResult::Dropped(DropReason::NoMatch));
 
-        let (_, inf) = t
-            .attach(
-                1,
-                e,
-                MdSpec::new(1 << 30, PUT, Threshold::Infinite),
-                Unlink::Auto,
-            )
-            .unwrap();
+        let (_, inf) = t.attach(1, e, MdSpec::new(1 << 30, PUT, Threshold::Infinite), Unlink::Auto).unwrap();
         for _ in 0..1000 {
             let m = matched(t.match_put(client(), 1, 0, 1, 0));
             assert!(!m.exhausted && !m.unlinked);
@@ -1201,17 +1021,8 @@ mod tests {
         assert_eq!(Threshold::Infinite.as_lnet(), -1);
 
         // A zero threshold never matches.
-        t.attach(
-            2,
-            e,
-            MdSpec::new(10, PUT, Threshold::Count(0)),
-            Unlink::Retain,
-        )
-        .unwrap();
-        assert_eq!(
-            t.match_put(client(), 2, 0, 1, 0),
-            MatchResult::Dropped(DropReason::NoMatch)
-        );
+        t.attach(2, e, MdSpec::new(10, PUT, Threshold::Count(0)), Unlink::Retain).unwrap();
+        assert_eq!(t.match_put(client(), 2, 0, 1, 0), MatchResult::Dropped(DropReason::NoMatch));
     }
 
     #[test]
@@ -1247,16 +1058,10 @@ mod tests {
         assert!(m.unlinked && !m.me_unlinked);
         assert_eq!(t.md_status(h), None);
         assert_eq!(t.me_status(me), Some((0, e_keep, None)));
-        assert_eq!(
-            t.match_put(client(), 0, 2, 5, 0),
-            MatchResult::Dropped(DropReason::NoMatch)
-        );
+        assert_eq!(t.match_put(client(), 0, 2, 5, 0), MatchResult::Dropped(DropReason::NoMatch));
         let h2 = t.md_attach(me, md, Unlink::Retain).unwrap();
         assert_eq!(matched(t.match_put(client(), 0, 2, 5, 0)).md, h2);
-        assert_eq!(
-            t.md_attach(me, md, Unlink::Retain),
-            Err(MatchError::MeInUse)
-        );
+        assert_eq!(t.md_attach(me, md, Unlink::Retain), Err(MatchError::MeInUse));
     }
 
     #[test]
@@ -1267,31 +1072,17 @@ mod tests {
         let (me, h) = t.attach(3, e, md, Unlink::Retain).unwrap();
         matched(t.match_put(client(), 3, 0, 4, 0));
         let u = t.md_unlink(h).unwrap();
-        assert_eq!(
-            u,
-            UnlinkedMd {
-                md: h,
-                user_ptr: 77,
-                offset: 4,
-                me_unlinked: Some(me)
-            }
-        );
+        assert_eq!(u, UnlinkedMd { md: h, user_ptr: 77, offset: 4, me_unlinked: Some(me) });
         assert_eq!(t.md_unlink(h), Err(MatchError::StaleHandle { what: "MD" }));
         assert_eq!(t.me_unlink(me), Err(MatchError::StaleHandle { what: "ME" }));
-        assert_eq!(
-            t.match_put(client(), 3, 0, 4, 0),
-            MatchResult::Dropped(DropReason::NoMatch)
-        );
+        assert_eq!(t.match_put(client(), 3, 0, 4, 0), MatchResult::Dropped(DropReason::NoMatch));
 
         // Slots are reused, old handles stay refused.
         let (me2, h2) = t.attach(3, e, md, Unlink::Retain).unwrap();
         assert_eq!((me2.index, h2.index), (me.index, h.index));
         assert_ne!(h2, h);
         assert_eq!(t.md_status(h), None);
-        assert_eq!(
-            t.md_attach(me, md, Unlink::Retain),
-            Err(MatchError::StaleHandle { what: "ME" })
-        );
+        assert_eq!(t.md_attach(me, md, Unlink::Retain), Err(MatchError::StaleHandle { what: "ME" }));
         assert_eq!(MdHandle::from_cookie(h2.cookie()), h2);
         assert_ne!(h2.cookie(), 0);
 
@@ -1303,13 +1094,7 @@ mod tests {
         // Forged cookies are refused, never panic.
         assert!(t.md_unlink(MdHandle::from_cookie(u64::MAX)).is_err());
         assert!(t.md_unlink(MdHandle::from_cookie(0)).is_err());
-        assert_eq!(
-            t.me_attach(99, e),
-            Err(MatchError::BadPortal {
-                portal: 99,
-                nportals: 64
-            })
-        );
+        assert_eq!(t.me_attach(99, e), Err(MatchError::BadPortal { portal: 99, nportals: 64 }));
     }
 
     #[test]
@@ -1318,20 +1103,12 @@ mod tests {
         let md = |u| MdSpec::new(10, PUT, Threshold::Count(1)).with_user_ptr(u);
         let e = MatchEntry::new(ANY_PROCESS, 0);
         t.attach(0, e, md(1), Unlink::Auto).unwrap();
-        t.attach(0, e.at(InsertPos::After), md(2), Unlink::Auto)
-            .unwrap();
-        t.attach(0, e.at(InsertPos::Before), md(3), Unlink::Auto)
-            .unwrap();
-        t.attach(0, e.at(InsertPos::Before), md(4), Unlink::Auto)
-            .unwrap();
-        let order: Vec<u64> = (0..4)
-            .map(|_| matched(t.match_put(client(), 0, 0, 1, 0)).user_ptr)
-            .collect();
+        t.attach(0, e.at(InsertPos::After), md(2), Unlink::Auto).unwrap();
+        t.attach(0, e.at(InsertPos::Before), md(3), Unlink::Auto).unwrap();
+        t.attach(0, e.at(InsertPos::Before), md(4), Unlink::Auto).unwrap();
+        let order: Vec<u64> = (0..4).map(|_| matched(t.match_put(client(), 0, 0, 1, 0)).user_ptr).collect();
         assert_eq!(order, [4, 3, 1, 2]);
-        assert_eq!(
-            t.match_put(client(), 0, 0, 1, 0),
-            MatchResult::Dropped(DropReason::NoMatch)
-        );
+        assert_eq!(t.match_put(client(), 0, 0, 1, 0), MatchResult::Dropped(DropReason::NoMatch));
     }
 
     #[test]
@@ -1342,23 +1119,15 @@ mod tests {
         assert_eq!(MdOptions::TRUNCATE.bits(), 0x10);
         assert_eq!(MdOptions::ACK_DISABLE.bits(), 0x20);
         assert_eq!(MdOptions::from_bits(0x80), None); // LNET_MD_MAX_SIZE is MdSpec::max_size
-        assert_eq!(
-            MdOptions::from_bits_truncate(0x83),
-            MdOptions::OP_PUT | MdOptions::OP_GET
-        );
+        assert_eq!(MdOptions::from_bits_truncate(0x83), MdOptions::OP_PUT | MdOptions::OP_GET);
         let mut o = MdOptions::OP_PUT | MdOptions::ACK_DISABLE;
         assert_eq!(format!("{o:?}"), "MdOptions(OP_PUT | ACK_DISABLE)");
         o.remove(MdOptions::ACK_DISABLE);
         assert_eq!(o, MdOptions::OP_PUT);
         let mut t = PortalTable::default();
         let e = MatchEntry::new(ANY_PROCESS, 0);
-        t.attach(
-            0,
-            e,
-            MdSpec::new(8, PUT | MdOptions::ACK_DISABLE, Threshold::Infinite),
-            Unlink::Retain,
-        )
-        .unwrap();
+        t.attach(0, e, MdSpec::new(8, PUT | MdOptions::ACK_DISABLE, Threshold::Infinite), Unlink::Retain)
+            .unwrap();
         assert!(matched(t.match_put(client(), 0, 0, 8, 0)).ack_disabled());
     }
 }

@@ -58,7 +58,8 @@ impl DmaBuf {
         if len == 0 {
             return DmaBuf { ptr: NonNull::<[u8; DMA_ALIGN]>::dangling().cast(), len: 0 };
         }
-        let layout = Layout::from_size_align(len, DMA_ALIGN).unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<u8>()));
+        let layout = Layout::from_size_align(len, DMA_ALIGN)
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<u8>()));
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
@@ -111,7 +112,13 @@ impl DmaBuf {
     }
 
     /// Copies `len` bytes from `src` at `src_offset` to this buffer at `offset`.
-    pub fn copy_from(&self, offset: usize, src: &DmaBuf, src_offset: usize, len: usize) -> Result<(), OutOfRange> {
+    pub fn copy_from(
+        &self,
+        offset: usize,
+        src: &DmaBuf,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<(), OutOfRange> {
         self.check(offset, len)?;
         src.check(src_offset, len)?;
         // SAFETY: both ranges are inside their allocations; `copy` tolerates overlap (the same
@@ -167,7 +174,12 @@ impl<D: Device> RegisteredBuf<D> {
     }
 
     /// Registers an existing buffer.
-    pub fn register(dev: &D, pd: &D::Pd, buf: DmaBuf, access: Access) -> Result<RegisteredBuf<D>, FabricError> {
+    pub fn register(
+        dev: &D,
+        pd: &D::Pd,
+        buf: DmaBuf,
+        access: Access,
+    ) -> Result<RegisteredBuf<D>, FabricError> {
         // SAFETY: the region lives inside `RegisteredBuf` next to the buffer and is dropped
         // first (field order), so the memory outlives the registration; `DmaBuf` never hands
         // out references to its bytes, only raw copies.

@@ -93,7 +93,9 @@ impl CqShared {
         }
         inner.entries.push_back(wc);
         let notify = match inner.armed {
-            Some(solicited_only) => !solicited_only || solicited || wc.status != crate::fabric::WcStatus::Success,
+            Some(solicited_only) => {
+                !solicited_only || solicited || wc.status != crate::fabric::WcStatus::Success
+            }
             None => false,
         };
         if notify {

@@ -50,7 +50,11 @@ impl DirFaults {
     }
 
     fn is_none(&self) -> bool {
-        self.drop <= 0.0 && self.duplicate <= 0.0 && self.reorder <= 0.0 && self.delay <= 0.0 && self.corrupt <= 0.0
+        self.drop <= 0.0
+            && self.duplicate <= 0.0
+            && self.reorder <= 0.0
+            && self.delay <= 0.0
+            && self.corrupt <= 0.0
     }
 }
 
@@ -163,7 +167,9 @@ impl FaultyWire {
             Some(Duration::from_nanos(self.rng.range_inclusive(1, max_ns)))
         } else if self.rng.chance(f.reorder) {
             self.stats.reordered += 1;
-            Some(Duration::from_nanos(self.rng.range_inclusive(1, max_ns.min(DEFAULT_REORDER_HOLD.as_nanos() as u64).max(1))))
+            Some(Duration::from_nanos(
+                self.rng.range_inclusive(1, max_ns.min(DEFAULT_REORDER_HOLD.as_nanos() as u64).max(1)),
+            ))
         } else {
             None
         };

@@ -146,7 +146,14 @@ impl MrTable {
 
     /// Copies `data` into registered memory at `addr`, if the region grants `need`
     /// (LOCAL_WRITE for receives, REMOTE_WRITE for a peer's RDMA WRITE).
-    pub(crate) fn write(&self, pd: u32, key: u32, addr: u64, data: &[u8], need: Access) -> Result<(), MemFault> {
+    pub(crate) fn write(
+        &self,
+        pd: u32,
+        key: u32,
+        addr: u64,
+        data: &[u8],
+        need: Access,
+    ) -> Result<(), MemFault> {
         self.check(pd, key, addr, data.len(), need)?;
         if data.is_empty() {
             return Ok(());

@@ -49,9 +49,8 @@ use self::mem::MrTable;
 use self::packet::{Bth, Deth, Headers, IcrcMeta, Opcode, PacketError};
 use self::rc::{Completion, CqSel, RcQp};
 use crate::fabric::{
-    Access, AsyncEvent, DeviceAttr, Device, FabricError, FabricStats, Mad, MemoryRegion, Mtu,
-    PortAddr, PortAttr, PortState, ProtectionDomain, QpCaps, QpInitAttr, QpModify, QpState,
-    QueuePair, RecvWr, SendWr,
+    Access, AsyncEvent, Device, DeviceAttr, FabricError, FabricStats, Mad, MemoryRegion, Mtu, PortAddr,
+    PortAttr, PortState, ProtectionDomain, QpCaps, QpInitAttr, QpModify, QpState, QueuePair, RecvWr, SendWr,
 };
 use crate::rng::Rng;
 use crate::time::Instant;
@@ -226,8 +225,12 @@ pub struct LiveCounts {
 impl SoftDevice {
     /// Opens a device whose port is `ip` on real UDP sockets (`ip:udp_port`).
     pub fn open_udp(ip: Ipv4Addr, config: SoftConfig) -> Result<SoftDevice, FabricError> {
-        let wire = UdpWire::bind(ip, config.udp_port)
-            .map_err(|e| FabricError::io("bind RoCEv2 UDP socket", std::io::Error::new(e.kind(), format!("{ip}:{}: {e}", config.udp_port))))?;
+        let wire = UdpWire::bind(ip, config.udp_port).map_err(|e| {
+            FabricError::io(
+                "bind RoCEv2 UDP socket",
+                std::io::Error::new(e.kind(), format!("{ip}:{}: {e}", config.udp_port)),
+            )
+        })?;
         Ok(SoftDevice::with_wire(Box::new(wire), config))
     }
 
@@ -244,7 +247,8 @@ impl SoftDevice {
         let mut rng = Rng::new(config.seed);
         let fault_seed = rng.next_u64();
         let o = ip.octets();
-        let node_guid = 0x0200_5eff_fe00_0000u64 | u64::from(u32::from_be_bytes(o)) & 0xff_ffff | (u64::from(o[0]) << 32);
+        let node_guid =
+            0x0200_5eff_fe00_0000u64 | u64::from(u32::from_be_bytes(o)) & 0xff_ffff | (u64::from(o[0]) << 32);
         let l = config.limits;
         let attr = DeviceAttr {
             node_guid,
@@ -409,7 +413,15 @@ impl DevState {
         }
     }
 
-    fn handle_frame(&mut self, now: Instant, local: Ipv4Addr, udp_port: u16, src: Ipv4Addr, src_port: u16, len: usize) {
+    fn handle_frame(
+        &mut self,
+        now: Instant,
+        local: Ipv4Addr,
+        udp_port: u16,
+        src: Ipv4Addr,
+        src_port: u16,
+        len: usize,
+    ) {
         let meta = IcrcMeta::new(src, local, src_port, udp_port);
         let frame = self.rx_buf.get(..len).unwrap_or_default();
         let pkt = match packet::parse(&meta, frame) {
@@ -597,7 +609,13 @@ impl Device for SoftDevice {
         Ok(SoftCq { shared })
     }
 
-    unsafe fn reg_mr(&self, pd: &SoftPd, addr: *mut u8, len: usize, access: Access) -> Result<SoftMr, FabricError> {
+    unsafe fn reg_mr(
+        &self,
+        pd: &SoftPd,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<SoftMr, FabricError> {
         if len as u64 > self.shared.limits.max_mr_size {
             return Err(FabricError::InvalidArgument { what: "region longer than max_mr_size" });
         }
@@ -619,7 +637,13 @@ impl Device for SoftDevice {
         Ok(SoftMr { shared: self.shared.clone(), key, addr: base, len, access })
     }
 
-    fn create_qp(&self, pd: &SoftPd, send_cq: &SoftCq, recv_cq: &SoftCq, attr: &QpInitAttr) -> Result<SoftQp, FabricError> {
+    fn create_qp(
+        &self,
+        pd: &SoftPd,
+        send_cq: &SoftCq,
+        recv_cq: &SoftCq,
+        attr: &QpInitAttr,
+    ) -> Result<SoftQp, FabricError> {
         let l = self.shared.limits;
         let req = attr.cap;
         if req.max_send_wr == 0 && req.max_recv_wr == 0 {

@@ -43,12 +43,7 @@
 //! * Frames longer than [`MAX_FRAME_LEN`] (what fits in one IPv4 UDP datagram) are refused.
 #![cfg_attr(
     not(test),
-    deny(
-        clippy::indexing_slicing,
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic
-    )
+    deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
 use std::net::Ipv4Addr;
@@ -156,10 +151,7 @@ impl Opcode {
 
     /// Whether packets with this opcode carry a RETH (WRITE FIRST / ONLY / ONLY+IMM).
     pub const fn has_reth(self) -> bool {
-        matches!(
-            self,
-            Opcode::RcWriteFirst | Opcode::RcWriteOnly | Opcode::RcWriteOnlyImm
-        )
+        matches!(self, Opcode::RcWriteFirst | Opcode::RcWriteOnly | Opcode::RcWriteOnlyImm)
     }
 
     /// Whether packets with this opcode carry immediate data.
@@ -323,9 +315,7 @@ impl Bth {
         let [_, p0, p1, p2] = self.psn.to_be_bytes();
         [
             self.opcode.as_u8(),
-            (u8::from(self.solicited) << 7)
-                | (u8::from(self.mig_req) << 6)
-                | ((self.pad_count & 3) << 4),
+            (u8::from(self.solicited) << 7) | (u8::from(self.mig_req) << 6) | ((self.pad_count & 3) << 4),
             pk0,
             pk1,
             (u8::from(self.fecn) << 7) | (u8::from(self.becn) << 6),
@@ -377,30 +367,11 @@ impl Reth {
         let [v0, v1, v2, v3, v4, v5, v6, v7] = self.va.to_be_bytes();
         let [r0, r1, r2, r3] = self.rkey.to_be_bytes();
         let [l0, l1, l2, l3] = self.dma_len.to_be_bytes();
-        [
-            v0, v1, v2, v3, v4, v5, v6, v7, r0, r1, r2, r3, l0, l1, l2, l3,
-        ]
+        [v0, v1, v2, v3, v4, v5, v6, v7, r0, r1, r2, r3, l0, l1, l2, l3]
     }
 
     fn decode(b: [u8; RETH_LEN]) -> Reth {
-        let [
-            v0,
-            v1,
-            v2,
-            v3,
-            v4,
-            v5,
-            v6,
-            v7,
-            r0,
-            r1,
-            r2,
-            r3,
-            l0,
-            l1,
-            l2,
-            l3,
-        ] = b;
+        let [v0, v1, v2, v3, v4, v5, v6, v7, r0, r1, r2, r3, l0, l1, l2, l3] = b;
         Reth {
             va: u64::from_be_bytes([v0, v1, v2, v3, v4, v5, v6, v7]),
             rkey: u32::from_be_bytes([r0, r1, r2, r3]),
@@ -427,10 +398,7 @@ impl Deth {
 
     fn decode(b: [u8; DETH_LEN]) -> Deth {
         let [k0, k1, k2, k3, _reserved, s0, s1, s2] = b;
-        Deth {
-            qkey: u32::from_be_bytes([k0, k1, k2, k3]),
-            src_qp: u32::from_be_bytes([0, s0, s1, s2]),
-        }
+        Deth { qkey: u32::from_be_bytes([k0, k1, k2, k3]), src_qp: u32::from_be_bytes([0, s0, s1, s2]) }
     }
 }
 
@@ -508,9 +476,7 @@ impl Syndrome {
         match b >> 5 {
             0 => Ok(Syndrome::Ack { credit_code: low }),
             1 => Ok(Syndrome::RnrNak { timer: low }),
-            3 => NakCode::from_code(low)
-                .map(Syndrome::Nak)
-                .ok_or(PacketError::BadSyndrome(b)),
+            3 => NakCode::from_code(low).map(Syndrome::Nak).ok_or(PacketError::BadSyndrome(b)),
             _ => Err(PacketError::BadSyndrome(b)),
         }
     }
@@ -533,10 +499,7 @@ impl Aeth {
 
     fn decode(b: [u8; AETH_LEN]) -> Result<Aeth, PacketError> {
         let [s, m0, m1, m2] = b;
-        Ok(Aeth {
-            syndrome: Syndrome::from_u8(s)?,
-            msn: u32::from_be_bytes([0, m0, m1, m2]),
-        })
+        Ok(Aeth { syndrome: Syndrome::from_u8(s)?, msn: u32::from_be_bytes([0, m0, m1, m2]) })
     }
 }
 
@@ -558,13 +521,7 @@ pub struct Headers {
 impl Headers {
     /// Just a BTH, no extension headers (fill in the ones the opcode needs).
     pub fn new(bth: Bth) -> Headers {
-        Headers {
-            bth,
-            deth: None,
-            reth: None,
-            aeth: None,
-            imm: None,
-        }
+        Headers { bth, deth: None, reth: None, aeth: None, imm: None }
     }
 
     /// The encoded length of the BTH and the extension headers present.
@@ -586,11 +543,7 @@ impl Headers {
         presence("RETH", op.has_reth(), self.reth.is_some())?;
         presence("AETH", op.has_aeth(), self.aeth.is_some())?;
         presence("ImmDt", op.has_imm(), self.imm.is_some())?;
-        in_range(
-            "BTH dest_qp",
-            u64::from(self.bth.dest_qp),
-            u64::from(U24_MAX),
-        )?;
+        in_range("BTH dest_qp", u64::from(self.bth.dest_qp), u64::from(U24_MAX))?;
         in_range("BTH psn", u64::from(self.bth.psn), u64::from(U24_MAX))?;
         in_range("BTH pad_count", u64::from(self.bth.pad_count), 3)?;
         if let Some(deth) = &self.deth {
@@ -619,11 +572,7 @@ fn presence(name: &'static str, wanted: bool, present: bool) -> Result<(), Packe
 }
 
 fn in_range(field: &'static str, value: u64, max: u64) -> Result<(), PacketError> {
-    if value > max {
-        Err(PacketError::FieldOutOfRange { field, value })
-    } else {
-        Ok(())
-    }
+    if value > max { Err(PacketError::FieldOutOfRange { field, value }) } else { Ok(()) }
 }
 
 /// The IPv4/UDP fields the ICRC covers, reconstructed by a userspace UDP socket.
@@ -652,14 +601,7 @@ impl IcrcMeta {
     /// The fields for a datagram from `src:src_port` to `dst:dst_port` with identification 0
     /// and DF set: what an unconnected `IP_PMTUDISC_DO` socket sends.
     pub fn new(src: Ipv4Addr, dst: Ipv4Addr, src_port: u16, dst_port: u16) -> IcrcMeta {
-        IcrcMeta {
-            src,
-            dst,
-            src_port,
-            dst_port,
-            ip_id: 0,
-            dont_fragment: true,
-        }
+        IcrcMeta { src, dst, src_port, dst_port, ip_id: 0, dont_fragment: true }
     }
 
     /// The ICRC pseudo-header for a frame (UDP payload) of `frame_len` bytes, ICRC included:
@@ -702,21 +644,14 @@ pub fn pad_len(payload_len: usize) -> usize {
 /// The full frame length (UDP payload): headers, payload, pad and ICRC. Saturates instead of
 /// overflowing.
 pub fn frame_len(headers: &Headers, payload_len: usize) -> usize {
-    headers
-        .len()
-        .saturating_add(payload_len)
-        .saturating_add(pad_len(payload_len))
-        .saturating_add(ICRC_LEN)
+    headers.len().saturating_add(payload_len).saturating_add(pad_len(payload_len)).saturating_add(ICRC_LEN)
 }
 
 /// Writes `bytes` at `frame[off..]`.
 fn put(frame: &mut [u8], off: usize, bytes: &[u8]) -> Result<usize, PacketError> {
     let end = off.saturating_add(bytes.len());
     let have = frame.len();
-    frame
-        .get_mut(off..end)
-        .ok_or(PacketError::BufferTooSmall { need: end, have })?
-        .copy_from_slice(bytes);
+    frame.get_mut(off..end).ok_or(PacketError::BufferTooSmall { need: end, have })?.copy_from_slice(bytes);
     Ok(end)
 }
 
@@ -725,10 +660,7 @@ fn take<const N: usize>(buf: &[u8], off: usize) -> Result<[u8; N], PacketError> 
     let end = off.saturating_add(N);
     buf.get(off..end)
         .and_then(|s| <[u8; N]>::try_from(s).ok())
-        .ok_or(PacketError::Truncated {
-            need: end,
-            have: buf.len(),
-        })
+        .ok_or(PacketError::Truncated { need: end, have: buf.len() })
 }
 
 /// Writes the headers (bth.pad_count computed from payload_len, overriding the field) into
@@ -739,11 +671,7 @@ fn take<const N: usize>(buf: &[u8], off: usize) -> Result<[u8; N], PacketError> 
 /// the whole frame must fit in [`MAX_FRAME_LEN`]. `frame` needs room for the headers only
 /// ([`PacketError::BufferTooSmall`] otherwise); [`seal`] must then be given exactly
 /// [`frame_len`]`(headers, payload_len)` bytes.
-pub fn emit_headers(
-    headers: &Headers,
-    payload_len: usize,
-    frame: &mut [u8],
-) -> Result<usize, PacketError> {
+pub fn emit_headers(headers: &Headers, payload_len: usize, frame: &mut [u8]) -> Result<usize, PacketError> {
     let mut h = *headers;
     // pad_len is at most 3.
     h.bth.pad_count = u8::try_from(pad_len(payload_len)).unwrap_or(0);
@@ -763,10 +691,7 @@ pub fn emit_headers(
     }
     let hlen = h.len();
     if frame.len() < hlen {
-        return Err(PacketError::BufferTooSmall {
-            need: hlen,
-            have: frame.len(),
-        });
+        return Err(PacketError::BufferTooSmall { need: hlen, have: frame.len() });
     }
     let mut off = put(frame, 0, &h.bth.encode())?;
     if let Some(deth) = &h.deth {
@@ -799,10 +724,8 @@ pub fn seal(meta: &IcrcMeta, frame: &mut [u8]) -> Result<(), PacketError> {
             value: u64::try_from(have).unwrap_or(u64::MAX),
         });
     }
-    let bth_bytes = take::<BTH_LEN>(frame, 0).map_err(|_| PacketError::BufferTooSmall {
-        need: BTH_LEN + ICRC_LEN,
-        have,
-    })?;
+    let bth_bytes = take::<BTH_LEN>(frame, 0)
+        .map_err(|_| PacketError::BufferTooSmall { need: BTH_LEN + ICRC_LEN, have })?;
     let bth = Bth::decode(bth_bytes)?;
     let pad = usize::from(bth.pad_count);
     let hlen = bth.opcode.header_len();
@@ -813,10 +736,7 @@ pub fn seal(meta: &IcrcMeta, frame: &mut [u8]) -> Result<(), PacketError> {
     let icrc_at = have - ICRC_LEN;
     let payload_len = icrc_at - pad - hlen;
     if (payload_len + pad) % 4 != 0 {
-        return Err(PacketError::BadPad {
-            pad: bth.pad_count,
-            payload_len,
-        });
+        return Err(PacketError::BadPad { pad: bth.pad_count, payload_len });
     }
     if let Some(pad_bytes) = frame.get_mut(icrc_at - pad..icrc_at) {
         pad_bytes.fill(0);
@@ -844,13 +764,8 @@ pub fn build(
         });
     }
     out.resize(start.saturating_add(total), 0);
-    let result = out
-        .get_mut(start..)
-        .ok_or(PacketError::BufferTooSmall {
-            need: total,
-            have: 0,
-        })
-        .and_then(|frame| {
+    let result =
+        out.get_mut(start..).ok_or(PacketError::BufferTooSmall { need: total, have: 0 }).and_then(|frame| {
             let hlen = emit_headers(headers, payload.len(), frame)?;
             put(frame, hlen, payload)?;
             seal(meta, frame)
@@ -928,10 +843,7 @@ pub fn parse_unchecked(frame: &[u8]) -> Result<Packet<'_>, PacketError> {
         });
     }
     if have < BTH_LEN + ICRC_LEN {
-        return Err(PacketError::Truncated {
-            need: BTH_LEN + ICRC_LEN,
-            have,
-        });
+        return Err(PacketError::Truncated { need: BTH_LEN + ICRC_LEN, have });
     }
     let bth = Bth::decode(take(frame, 0)?)?;
     let op = bth.opcode;
@@ -960,14 +872,9 @@ pub fn parse_unchecked(frame: &[u8]) -> Result<Packet<'_>, PacketError> {
         off += IMM_LEN;
     }
     let payload_end = have - ICRC_LEN - pad;
-    let payload = frame
-        .get(off..payload_end)
-        .ok_or(PacketError::Truncated { need, have })?;
+    let payload = frame.get(off..payload_end).ok_or(PacketError::Truncated { need, have })?;
     if (payload.len() + pad) % 4 != 0 {
-        return Err(PacketError::BadPad {
-            pad: bth.pad_count,
-            payload_len: payload.len(),
-        });
+        return Err(PacketError::BadPad { pad: bth.pad_count, payload_len: payload.len() });
     }
     if op == Opcode::RcAck && !payload.is_empty() {
         return Err(PacketError::FieldOutOfRange {
@@ -997,18 +904,15 @@ pub const fn psn_lt(a: u32, b: u32) -> bool {
 
 /// RNR NAK timer codes in microseconds (the IBTA encoding of the 5-bit AETH timer field).
 const RNR_TIMER_US: [u32; 32] = [
-    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
-    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
-    245_760, 327_680, 491_520,
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840, 5_120,
+    7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680,
+    491_520,
 ];
 
 /// RNR NAK timer code (0..=31) -> duration (table in the reference: 0 = 655.36 ms, 1 = 0.01 ms,
 /// ...). Codes above 31 clamp to 31 (491.52 ms).
 pub fn rnr_timer_duration(code: u8) -> Duration {
-    let us = RNR_TIMER_US
-        .get(usize::from(code.min(31)))
-        .copied()
-        .unwrap_or(491_520);
+    let us = RNR_TIMER_US.get(usize::from(code.min(31))).copied().unwrap_or(491_520);
     Duration::from_micros(u64::from(us))
 }
 
@@ -1110,10 +1014,7 @@ mod tests {
 
     fn hex(s: &str) -> Vec<u8> {
         assert!(s.len() % 2 == 0, "odd hex string {s}");
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
     }
 
     /// SplitMix64: a tiny deterministic generator for the property and fuzz tests.
@@ -1145,12 +1046,7 @@ mod tests {
     }
 
     fn meta() -> IcrcMeta {
-        IcrcMeta::new(
-            Ipv4Addr::new(192, 168, 1, 2),
-            Ipv4Addr::new(192, 168, 1, 1),
-            0xc002,
-            ROCEV2_UDP_PORT,
-        )
+        IcrcMeta::new(Ipv4Addr::new(192, 168, 1, 2), Ipv4Addr::new(192, 168, 1, 1), 0xc002, ROCEV2_UDP_PORT)
     }
 
     /// Valid headers for `op` with every field drawn from `rng` (syndromes included).
@@ -1164,17 +1060,10 @@ mod tests {
         bth.ack_req = rng.bool();
         let mut h = Headers::new(bth);
         if op.has_deth() {
-            h.deth = Some(Deth {
-                qkey: rng.u32(),
-                src_qp: rng.u24(),
-            });
+            h.deth = Some(Deth { qkey: rng.u32(), src_qp: rng.u24() });
         }
         if op.has_reth() {
-            h.reth = Some(Reth {
-                va: rng.next(),
-                rkey: rng.u32(),
-                dma_len: rng.u32(),
-            });
+            h.reth = Some(Reth { va: rng.next(), rkey: rng.u32(), dma_len: rng.u32() });
         }
         if op.has_aeth() {
             let low = (rng.next() & 0x1f) as u8;
@@ -1183,10 +1072,7 @@ mod tests {
                 1 => Syndrome::RnrNak { timer: low },
                 _ => Syndrome::Nak(NakCode::from_code(low % 5).unwrap()),
             };
-            h.aeth = Some(Aeth {
-                syndrome,
-                msn: rng.u24(),
-            });
+            h.aeth = Some(Aeth { syndrome, msn: rng.u24() });
         }
         if op.has_imm() {
             h.imm = Some(rng.u32());
@@ -1239,10 +1125,7 @@ mod tests {
         // CNP is recognised but not implemented.
         let mut whole = frame.clone();
         whole.extend_from_slice(&trailer);
-        assert_eq!(
-            parse(&meta, &whole),
-            Err(PacketError::UnsupportedOpcode(0x81))
-        );
+        assert_eq!(parse(&meta, &whole), Err(PacketError::UnsupportedOpcode(0x81)));
     }
 
     #[test]
@@ -1250,10 +1133,8 @@ mod tests {
         let meta = meta();
         assert_eq!((meta.ip_id, meta.dont_fragment), (0, true));
         let body = hex("1100ffff00000011001234561f000001");
-        let masked = hex(
-            "ffffffffffffffff45ff003000004000ff11ffffc0a80102c0a80101c00212b7001cffff\
-             1100ffffff000011001234561f000001",
-        );
+        let masked = hex("ffffffffffffffff45ff003000004000ff11ffffc0a80102c0a80101c00212b7001cffff\
+             1100ffffff000011001234561f000001");
         let mut input = meta.masked_prefix(body.len() + ICRC_LEN).to_vec();
         input.extend_from_slice(&body[..BTH_LEN]);
         input[ICRC_PREFIX_LEN + 4] = 0xff;
@@ -1262,10 +1143,7 @@ mod tests {
         assert_eq!(icrc(&meta, &body), 0x3D4D_6070);
 
         let mut h = Headers::new(Bth::new(Opcode::RcAck, 0x11, 0x12_3456));
-        h.aeth = Some(Aeth {
-            syndrome: Syndrome::Ack { credit_code: 0x1f },
-            msn: 1,
-        });
+        h.aeth = Some(Aeth { syndrome: Syndrome::Ack { credit_code: 0x1f }, msn: 1 });
         let frame = built(&meta, &h, &[]);
         let mut expected = body.clone();
         expected.extend_from_slice(&hex("70604d3d"));
@@ -1278,10 +1156,7 @@ mod tests {
         let other = IcrcMeta { ip_id: 1, ..meta };
         assert_eq!(
             parse(&other, &frame),
-            Err(PacketError::BadIcrc {
-                expected: icrc(&other, &body),
-                found: 0x3D4D_6070
-            })
+            Err(PacketError::BadIcrc { expected: icrc(&other, &body), found: 0x3D4D_6070 })
         );
         assert!(parse_unchecked(&frame).is_ok());
     }
@@ -1300,30 +1175,12 @@ mod tests {
         let body = &a[..a.len() - ICRC_LEN];
         let base = icrc(&meta, body);
         let variants = [
-            IcrcMeta {
-                src: Ipv4Addr::new(192, 168, 1, 3),
-                ..meta
-            },
-            IcrcMeta {
-                dst: Ipv4Addr::new(192, 168, 1, 3),
-                ..meta
-            },
-            IcrcMeta {
-                src_port: 0xc003,
-                ..meta
-            },
-            IcrcMeta {
-                dst_port: 4792,
-                ..meta
-            },
-            IcrcMeta {
-                ip_id: 0x8000,
-                ..meta
-            },
-            IcrcMeta {
-                dont_fragment: false,
-                ..meta
-            },
+            IcrcMeta { src: Ipv4Addr::new(192, 168, 1, 3), ..meta },
+            IcrcMeta { dst: Ipv4Addr::new(192, 168, 1, 3), ..meta },
+            IcrcMeta { src_port: 0xc003, ..meta },
+            IcrcMeta { dst_port: 4792, ..meta },
+            IcrcMeta { ip_id: 0x8000, ..meta },
+            IcrcMeta { dont_fragment: false, ..meta },
         ];
         for v in variants {
             assert_ne!(icrc(&v, body), base, "{v:?}");
@@ -1388,24 +1245,13 @@ mod tests {
         }
         assert_eq!(supported, ALL_OPCODES.len());
         for b in [
-            0x0c, 0x0d, 0x10, 0x12, 0x13, 0x14, 0x16, 0x17, 0x1c, 0x1d, 0x20, 0x2b, 0x40, 0x55,
-            0x81, 0xa0, 0xb7,
+            0x0c, 0x0d, 0x10, 0x12, 0x13, 0x14, 0x16, 0x17, 0x1c, 0x1d, 0x20, 0x2b, 0x40, 0x55, 0x81, 0xa0,
+            0xb7,
         ] {
-            assert_eq!(
-                Opcode::from_u8(b),
-                Err(PacketError::UnsupportedOpcode(b)),
-                "{b:#x}"
-            );
+            assert_eq!(Opcode::from_u8(b), Err(PacketError::UnsupportedOpcode(b)), "{b:#x}");
         }
-        for b in [
-            0x15, 0x18, 0x1b, 0x1e, 0x2c, 0x3f, 0x60, 0x63, 0x66, 0x80, 0x82, 0xb5, 0xc0, 0xe0,
-            0xff,
-        ] {
-            assert_eq!(
-                Opcode::from_u8(b),
-                Err(PacketError::UnknownOpcode(b)),
-                "{b:#x}"
-            );
+        for b in [0x15, 0x18, 0x1b, 0x1e, 0x2c, 0x3f, 0x60, 0x63, 0x66, 0x80, 0x82, 0xb5, 0xc0, 0xe0, 0xff] {
+            assert_eq!(Opcode::from_u8(b), Err(PacketError::UnknownOpcode(b)), "{b:#x}");
         }
     }
 
@@ -1422,23 +1268,11 @@ mod tests {
             }
         }
         assert_eq!(ok, 32 + 32 + 5);
-        assert_eq!(
-            Syndrome::from_u8(0x1f),
-            Ok(Syndrome::Ack { credit_code: 0x1f })
-        );
+        assert_eq!(Syndrome::from_u8(0x1f), Ok(Syndrome::Ack { credit_code: 0x1f }));
         assert_eq!(Syndrome::from_u8(0x2e), Ok(Syndrome::RnrNak { timer: 14 }));
-        assert_eq!(
-            Syndrome::from_u8(0x60),
-            Ok(Syndrome::Nak(NakCode::PsnSequenceError))
-        );
-        assert_eq!(
-            Syndrome::from_u8(0x62),
-            Ok(Syndrome::Nak(NakCode::RemoteAccessError))
-        );
-        assert_eq!(
-            Syndrome::from_u8(0x64),
-            Ok(Syndrome::Nak(NakCode::InvalidRdRequest))
-        );
+        assert_eq!(Syndrome::from_u8(0x60), Ok(Syndrome::Nak(NakCode::PsnSequenceError)));
+        assert_eq!(Syndrome::from_u8(0x62), Ok(Syndrome::Nak(NakCode::RemoteAccessError)));
+        assert_eq!(Syndrome::from_u8(0x64), Ok(Syndrome::Nak(NakCode::InvalidRdRequest)));
         assert_eq!(Syndrome::from_u8(0x65), Err(PacketError::BadSyndrome(0x65)));
         assert_eq!(Syndrome::from_u8(0x40), Err(PacketError::BadSyndrome(0x40)));
         assert_eq!(Syndrome::from_u8(0x80), Err(PacketError::BadSyndrome(0x80)));
@@ -1452,9 +1286,7 @@ mod tests {
     fn round_trip_every_opcode_and_pad() {
         let meta = meta();
         let mut rng = Rng(0x0ddb_a115_eed0);
-        let lens = [
-            0usize, 1, 2, 3, 4, 5, 6, 7, 8, 255, 256, 257, 1023, 1024, 2048, 4093, 4094, 4095, 4096,
-        ];
+        let lens = [0usize, 1, 2, 3, 4, 5, 6, 7, 8, 255, 256, 257, 1023, 1024, 2048, 4093, 4094, 4095, 4096];
         for op in ALL_OPCODES {
             for &len in &lens {
                 let h = random_headers(op, &mut rng);
@@ -1463,10 +1295,7 @@ mod tests {
                     let mut out = vec![1, 2, 3];
                     assert!(matches!(
                         build(&meta, &h, &payload, &mut out),
-                        Err(PacketError::FieldOutOfRange {
-                            field: "ACK payload length",
-                            ..
-                        })
+                        Err(PacketError::FieldOutOfRange { field: "ACK payload length", .. })
                     ));
                     assert_eq!(out, [1, 2, 3], "failed build leaves out unchanged");
                     continue;
@@ -1513,11 +1342,7 @@ mod tests {
     fn mtu_payloads_and_max_frame() {
         let meta = meta();
         let mut rng = Rng(77);
-        for op in [
-            Opcode::RcSendMiddle,
-            Opcode::RcWriteFirst,
-            Opcode::UdSendOnly,
-        ] {
+        for op in [Opcode::RcSendMiddle, Opcode::RcWriteFirst, Opcode::UdSendOnly] {
             for mtu in [256usize, 512, 1024, 2048, 4096] {
                 let h = random_headers(op, &mut rng);
                 let payload = rng.bytes(mtu);
@@ -1538,22 +1363,13 @@ mod tests {
         let mut out = Vec::new();
         assert!(matches!(
             build(&meta, &h, &payload[..max_payload + 1], &mut out),
-            Err(PacketError::FieldOutOfRange {
-                field: "frame length",
-                ..
-            })
+            Err(PacketError::FieldOutOfRange { field: "frame length", .. })
         ));
         assert!(out.is_empty());
         let mut big = frame.clone();
         big.extend_from_slice(&[0; 4]);
-        assert!(matches!(
-            parse_unchecked(&big),
-            Err(PacketError::FieldOutOfRange { .. })
-        ));
-        assert!(matches!(
-            seal(&meta, &mut big),
-            Err(PacketError::FieldOutOfRange { .. })
-        ));
+        assert!(matches!(parse_unchecked(&big), Err(PacketError::FieldOutOfRange { .. })));
+        assert!(matches!(seal(&meta, &mut big), Err(PacketError::FieldOutOfRange { .. })));
         assert_eq!(frame_len(&h, usize::MAX), usize::MAX);
     }
 
@@ -1576,34 +1392,20 @@ mod tests {
                     psn: lo,
                 });
                 if op.has_deth() {
-                    h.deth = Some(Deth {
-                        qkey: wide,
-                        src_qp: lo,
-                    });
+                    h.deth = Some(Deth { qkey: wide, src_qp: lo });
                 }
                 if op.has_reth() {
-                    h.reth = Some(Reth {
-                        va: if bit { u64::MAX } else { 0 },
-                        rkey: wide,
-                        dma_len: wide,
-                    });
+                    h.reth = Some(Reth { va: if bit { u64::MAX } else { 0 }, rkey: wide, dma_len: wide });
                 }
                 if op.has_aeth() {
-                    let syndrome = if bit {
-                        Syndrome::RnrNak { timer: 31 }
-                    } else {
-                        Syndrome::Ack { credit_code: 0 }
-                    };
+                    let syndrome =
+                        if bit { Syndrome::RnrNak { timer: 31 } } else { Syndrome::Ack { credit_code: 0 } };
                     h.aeth = Some(Aeth { syndrome, msn: lo });
                 }
                 if op.has_imm() {
                     h.imm = Some(wide);
                 }
-                let payload = if op == Opcode::RcAck {
-                    &[][..]
-                } else {
-                    &b"xyz"[..]
-                };
+                let payload = if op == Opcode::RcAck { &[][..] } else { &b"xyz"[..] };
                 let frame = built(&meta, &h, payload);
                 let p = parse(&meta, &frame).unwrap();
                 assert_eq!(p.headers, with_pad(&h, payload.len()), "{op:?}");
@@ -1611,10 +1413,7 @@ mod tests {
                     // All-ones fields: the BTH bytes are exactly those bits, reserved bits zero.
                     assert_eq!(frame[0], op.as_u8());
                     assert_eq!(frame[1], 0xc0 | ((pad_len(payload.len()) as u8) << 4));
-                    assert_eq!(
-                        &frame[2..12],
-                        &[0xff, 0xff, 0xc0, 0xff, 0xff, 0xff, 0x80, 0xff, 0xff, 0xff]
-                    );
+                    assert_eq!(&frame[2..12], &[0xff, 0xff, 0xc0, 0xff, 0xff, 0xff, 0x80, 0xff, 0xff, 0xff]);
                 }
             }
         }
@@ -1622,50 +1421,32 @@ mod tests {
         let over = PSN_MASK + 1;
         let mut buf = [0u8; 64];
         let cases: Vec<(Headers, &str)> = vec![
-            (
-                Headers::new(Bth::new(Opcode::RcSendOnly, over, 0)),
-                "BTH dest_qp",
-            ),
-            (
-                Headers::new(Bth::new(Opcode::RcSendOnly, 0, over)),
-                "BTH psn",
-            ),
+            (Headers::new(Bth::new(Opcode::RcSendOnly, over, 0)), "BTH dest_qp"),
+            (Headers::new(Bth::new(Opcode::RcSendOnly, 0, over)), "BTH psn"),
             (
                 Headers {
-                    deth: Some(Deth {
-                        qkey: GSI_QKEY,
-                        src_qp: over,
-                    }),
+                    deth: Some(Deth { qkey: GSI_QKEY, src_qp: over }),
                     ..Headers::new(Bth::new(Opcode::UdSendOnly, 1, 0))
                 },
                 "DETH src_qp",
             ),
             (
                 Headers {
-                    aeth: Some(Aeth {
-                        syndrome: Syndrome::Ack { credit_code: 0 },
-                        msn: over,
-                    }),
+                    aeth: Some(Aeth { syndrome: Syndrome::Ack { credit_code: 0 }, msn: over }),
                     ..Headers::new(Bth::new(Opcode::RcAck, 1, 0))
                 },
                 "AETH msn",
             ),
             (
                 Headers {
-                    aeth: Some(Aeth {
-                        syndrome: Syndrome::Ack { credit_code: 32 },
-                        msn: 0,
-                    }),
+                    aeth: Some(Aeth { syndrome: Syndrome::Ack { credit_code: 32 }, msn: 0 }),
                     ..Headers::new(Bth::new(Opcode::RcAck, 1, 0))
                 },
                 "AETH credit code",
             ),
             (
                 Headers {
-                    aeth: Some(Aeth {
-                        syndrome: Syndrome::RnrNak { timer: 32 },
-                        msn: 0,
-                    }),
+                    aeth: Some(Aeth { syndrome: Syndrome::RnrNak { timer: 32 }, msn: 0 }),
                     ..Headers::new(Bth::new(Opcode::RcAck, 1, 0))
                 },
                 "AETH RNR timer",
@@ -1681,13 +1462,7 @@ mod tests {
         }
         let mut h = Headers::new(Bth::new(Opcode::RcSendOnly, 0, 0));
         h.bth.pad_count = 4;
-        assert_eq!(
-            h.validate(),
-            Err(PacketError::FieldOutOfRange {
-                field: "BTH pad_count",
-                value: 4
-            })
-        );
+        assert_eq!(h.validate(), Err(PacketError::FieldOutOfRange { field: "BTH pad_count", value: 4 }));
         // emit_headers computes the pad count itself.
         assert_eq!(emit_headers(&h, 0, &mut buf), Ok(BTH_LEN));
     }
@@ -1700,61 +1475,35 @@ mod tests {
             assert_eq!(good.validate(), Ok(()));
             assert_eq!(good.len(), op.header_len());
             let deth = Some(Deth { qkey: 1, src_qp: 2 });
-            let reth = Some(Reth {
-                va: 1,
-                rkey: 2,
-                dma_len: 3,
-            });
-            let aeth = Some(Aeth {
-                syndrome: Syndrome::Ack { credit_code: 1 },
-                msn: 2,
-            });
+            let reth = Some(Reth { va: 1, rkey: 2, dma_len: 3 });
+            let aeth = Some(Aeth { syndrome: Syndrome::Ack { credit_code: 1 }, msn: 2 });
             let toggles: [(Headers, &str, bool); 4] = [
                 (
-                    Headers {
-                        deth: if good.deth.is_some() { None } else { deth },
-                        ..good
-                    },
+                    Headers { deth: if good.deth.is_some() { None } else { deth }, ..good },
                     "DETH",
                     op.has_deth(),
                 ),
                 (
-                    Headers {
-                        reth: if good.reth.is_some() { None } else { reth },
-                        ..good
-                    },
+                    Headers { reth: if good.reth.is_some() { None } else { reth }, ..good },
                     "RETH",
                     op.has_reth(),
                 ),
                 (
-                    Headers {
-                        aeth: if good.aeth.is_some() { None } else { aeth },
-                        ..good
-                    },
+                    Headers { aeth: if good.aeth.is_some() { None } else { aeth }, ..good },
                     "AETH",
                     op.has_aeth(),
                 ),
                 (
-                    Headers {
-                        imm: if good.imm.is_some() { None } else { Some(9) },
-                        ..good
-                    },
+                    Headers { imm: if good.imm.is_some() { None } else { Some(9) }, ..good },
                     "ImmDt",
                     op.has_imm(),
                 ),
             ];
             for (h, name, has) in toggles {
-                let want = if has {
-                    PacketError::MissingHeader(name)
-                } else {
-                    PacketError::UnexpectedHeader(name)
-                };
+                let want =
+                    if has { PacketError::MissingHeader(name) } else { PacketError::UnexpectedHeader(name) };
                 assert_eq!(h.validate(), Err(want.clone()), "{op:?} {name}");
-                assert_eq!(
-                    emit_headers(&h, 0, &mut [0; 64]),
-                    Err(want),
-                    "{op:?} {name}"
-                );
+                assert_eq!(emit_headers(&h, 0, &mut [0; 64]), Err(want), "{op:?} {name}");
             }
         }
     }
@@ -1763,46 +1512,24 @@ mod tests {
     fn buffer_errors_on_encode() {
         let meta = meta();
         let mut h = Headers::new(Bth::new(Opcode::RcWriteOnlyImm, 3, 4));
-        h.reth = Some(Reth {
-            va: 0x1000,
-            rkey: 7,
-            dma_len: 5,
-        });
+        h.reth = Some(Reth { va: 0x1000, rkey: 7, dma_len: 5 });
         h.imm = Some(0xdead_beef);
         for n in 0..32 {
             let mut buf = vec![0; n];
-            assert_eq!(
-                emit_headers(&h, 5, &mut buf),
-                Err(PacketError::BufferTooSmall { need: 32, have: n })
-            );
+            assert_eq!(emit_headers(&h, 5, &mut buf), Err(PacketError::BufferTooSmall { need: 32, have: n }));
         }
         let mut frame = vec![0; frame_len(&h, 5)];
         assert_eq!(emit_headers(&h, 5, &mut frame), Ok(32));
         // seal refuses frames too short for the headers + pad + ICRC, or of the wrong length.
         for n in 0..32 + 3 + ICRC_LEN {
             let mut short = frame[..n].to_vec();
-            assert!(
-                matches!(
-                    seal(&meta, &mut short),
-                    Err(PacketError::BufferTooSmall { .. })
-                ),
-                "{n}"
-            );
+            assert!(matches!(seal(&meta, &mut short), Err(PacketError::BufferTooSmall { .. })), "{n}");
         }
         let mut long = frame.clone();
         long.push(0);
-        assert_eq!(
-            seal(&meta, &mut long),
-            Err(PacketError::BadPad {
-                pad: 3,
-                payload_len: 6
-            })
-        );
+        assert_eq!(seal(&meta, &mut long), Err(PacketError::BadPad { pad: 3, payload_len: 6 }));
         let mut garbage = vec![0xff; 40];
-        assert_eq!(
-            seal(&meta, &mut garbage),
-            Err(PacketError::UnknownOpcode(0xff))
-        );
+        assert_eq!(seal(&meta, &mut garbage), Err(PacketError::UnknownOpcode(0xff)));
         seal(&meta, &mut frame).unwrap();
         assert_eq!(parse(&meta, &frame).unwrap().payload, &[0; 5]);
     }
@@ -1826,10 +1553,7 @@ mod tests {
                     let cut = &frame[..n];
                     let (a, b) = (parse(&meta, cut), parse_unchecked(cut));
                     if n < BTH_LEN + ICRC_LEN {
-                        let want = Err(PacketError::Truncated {
-                            need: BTH_LEN + ICRC_LEN,
-                            have: n,
-                        });
+                        let want = Err(PacketError::Truncated { need: BTH_LEN + ICRC_LEN, have: n });
                         assert_eq!(a, want, "{op:?} {len} {n}");
                         assert_eq!(b, want, "{op:?} {len} {n}");
                     } else if n < need {
@@ -1839,10 +1563,7 @@ mod tests {
                     } else {
                         // Structurally a shorter packet: misaligned, or caught by the ICRC.
                         assert!(
-                            matches!(
-                                a,
-                                Err(PacketError::BadPad { .. } | PacketError::BadIcrc { .. })
-                            ),
+                            matches!(a, Err(PacketError::BadPad { .. } | PacketError::BadIcrc { .. })),
                             "{a:?}"
                         );
                         match b {
@@ -1863,29 +1584,17 @@ mod tests {
 
         let mut f = good.clone();
         f[1] |= 0x03;
-        assert_eq!(
-            parse_unchecked(&f),
-            Err(PacketError::BadTransportVersion(3))
-        );
+        assert_eq!(parse_unchecked(&f), Err(PacketError::BadTransportVersion(3)));
         f = good.clone();
         f[0] = 0x0c;
-        assert_eq!(
-            parse_unchecked(&f),
-            Err(PacketError::UnsupportedOpcode(0x0c))
-        );
+        assert_eq!(parse_unchecked(&f), Err(PacketError::UnsupportedOpcode(0x0c)));
         f = good.clone();
         f[0] = 0x15;
         assert_eq!(parse_unchecked(&f), Err(PacketError::UnknownOpcode(0x15)));
         // A 5-byte payload area with pad count 1: misaligned.
         f = built(&meta, &h, b"abc");
         f.insert(BTH_LEN, 0);
-        assert_eq!(
-            parse_unchecked(&f),
-            Err(PacketError::BadPad {
-                pad: 1,
-                payload_len: 4
-            })
-        );
+        assert_eq!(parse_unchecked(&f), Err(PacketError::BadPad { pad: 1, payload_len: 4 }));
         // Reserved bits are ignored (but covered by the ICRC, except in byte 4).
         f = good.clone();
         f[8] |= 0x7f;
@@ -1897,10 +1606,7 @@ mod tests {
 
         // An ACK with a bad syndrome, and an ACK with a payload.
         let mut ack = Headers::new(Bth::new(Opcode::RcAck, 1, 2));
-        ack.aeth = Some(Aeth {
-            syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
-            msn: 3,
-        });
+        ack.aeth = Some(Aeth { syndrome: Syndrome::Nak(NakCode::PsnSequenceError), msn: 3 });
         let good_ack = built(&meta, &ack, &[]);
         f = good_ack.clone();
         f[BTH_LEN] = 0x45;
@@ -1910,25 +1616,15 @@ mod tests {
         f.extend_from_slice(&[0; ICRC_LEN]);
         assert_eq!(
             parse_unchecked(&f),
-            Err(PacketError::FieldOutOfRange {
-                field: "ACK payload length",
-                value: 4
-            })
+            Err(PacketError::FieldOutOfRange { field: "ACK payload length", value: 4 })
         );
 
         // Errors render as text.
         assert_eq!(
-            PacketError::BadIcrc {
-                expected: 1,
-                found: 2
-            }
-            .to_string(),
+            PacketError::BadIcrc { expected: 1, found: 2 }.to_string(),
             "bad ICRC: computed 0x00000001, frame has 0x00000002"
         );
-        assert_eq!(
-            PacketError::UnknownOpcode(0x15).to_string(),
-            "unknown BTH opcode 0x15"
-        );
+        assert_eq!(PacketError::UnknownOpcode(0x15).to_string(), "unknown BTH opcode 0x15");
     }
 
     #[test]
@@ -1986,11 +1682,7 @@ mod tests {
                 _ => {
                     let op = ALL_OPCODES[rng.below(ALL_OPCODES.len() as u64) as usize];
                     let h = random_headers(op, &mut rng);
-                    let len = if op == Opcode::RcAck {
-                        0
-                    } else {
-                        rng.below(300) as usize
-                    };
+                    let len = if op == Opcode::RcAck { 0 } else { rng.below(300) as usize };
                     let payload = rng.bytes(len);
                     let mut f = built(&meta, &h, &payload);
                     let valid = f.clone();
@@ -1998,10 +1690,7 @@ mod tests {
                     f[bit / 8] ^= 1 << (bit % 8);
                     let r = parse(&meta, &f);
                     if bit / 8 == 4 {
-                        assert!(
-                            r.is_ok(),
-                            "seed {SEED:#x} round {round}: ECN flip refused: {r:?}"
-                        );
+                        assert!(r.is_ok(), "seed {SEED:#x} round {round}: ECN flip refused: {r:?}");
                     } else {
                         assert!(
                             r.is_err(),
@@ -2031,11 +1720,7 @@ mod tests {
                 // Re-encoding gives the same bytes up to reserved bits, pad contents and ICRC.
                 let mut again = Vec::new();
                 build(&meta, &p.headers, p.payload, &mut again).unwrap();
-                assert_eq!(
-                    parse_unchecked(&again),
-                    Ok(p),
-                    "seed {SEED:#x} round {round}"
-                );
+                assert_eq!(parse_unchecked(&again), Ok(p), "seed {SEED:#x} round {round}");
             } else {
                 assert!(checked.is_err(), "seed {SEED:#x} round {round}");
             }
@@ -2095,14 +1780,8 @@ mod tests {
         }
         assert_eq!(ack_timeout_duration(0), None);
         assert_eq!(ack_timeout_duration(1), Some(Duration::from_nanos(8_192)));
-        assert_eq!(
-            ack_timeout_duration(14),
-            Some(Duration::from_nanos(67_108_864))
-        );
-        assert_eq!(
-            ack_timeout_duration(31),
-            Some(Duration::from_nanos(4_096 << 31))
-        );
+        assert_eq!(ack_timeout_duration(14), Some(Duration::from_nanos(67_108_864)));
+        assert_eq!(ack_timeout_duration(31), Some(Duration::from_nanos(4_096 << 31)));
         assert_eq!(ack_timeout_duration(40), ack_timeout_duration(31));
     }
 
@@ -2111,18 +1790,13 @@ mod tests {
         // A CM MAD: UD SEND ONLY to QP1, Q_Key 0x80010000, source QP 1, 256-byte payload.
         let meta = meta();
         let mut h = Headers::new(Bth::new(Opcode::UdSendOnly, 1, 0));
-        h.deth = Some(Deth {
-            qkey: GSI_QKEY,
-            src_qp: 1,
-        });
+        h.deth = Some(Deth { qkey: GSI_QKEY, src_qp: 1 });
         let mad = [0x11u8; 256];
         let frame = built(&meta, &h, &mad);
         assert_eq!(frame.len(), 280);
         assert_eq!(
             &frame[..20],
-            &hex("6400ffff000000010000000080010000 00000001"
-                .replace(' ', "")
-                .as_str())[..]
+            &hex("6400ffff000000010000000080010000 00000001".replace(' ', "").as_str())[..]
         );
         assert_eq!(parse(&meta, &frame).unwrap().headers, h);
     }

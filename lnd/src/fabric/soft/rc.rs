@@ -29,12 +29,10 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use super::mem::MrTable;
-use super::packet::{
-    self, Aeth, Bth, Headers, NakCode, Opcode, Packet, Reth, Syndrome, psn_add, psn_diff,
-};
+use super::packet::{self, Aeth, Bth, Headers, NakCode, Opcode, Packet, Reth, Syndrome, psn_add, psn_diff};
 use crate::fabric::{
-    Access, AsyncEvent, FabricError, FabricStats, QpCaps, QpModify, QpState, RecvWr, SendOp,
-    SendWr, Sge, Wc, WcOpcode, WcStatus,
+    Access, AsyncEvent, FabricError, FabricStats, QpCaps, QpModify, QpState, RecvWr, SendOp, SendWr, Sge, Wc,
+    WcOpcode, WcStatus,
 };
 use crate::time::Instant;
 
@@ -292,7 +290,8 @@ impl RcQp {
     }
 
     fn reset(&mut self) {
-        let (qpn, pd, caps, sig, inflight) = (self.qpn, self.pd, self.caps, self.sq_sig_all, self.max_inflight);
+        let (qpn, pd, caps, sig, inflight) =
+            (self.qpn, self.pd, self.caps, self.sq_sig_all, self.max_inflight);
         *self = RcQp::new(qpn, pd, caps, sig, inflight);
     }
 
@@ -376,7 +375,8 @@ impl RcQp {
             for sge in wr.sg_list {
                 let n = sge.length as usize;
                 let dst = data.get_mut(at..at + n).ok_or("inline gather")?;
-                mem.read(self.pd, sge.lkey, sge.addr, dst).map_err(|_| "inline data is not in a registered region")?;
+                mem.read(self.pd, sge.lkey, sge.addr, dst)
+                    .map_err(|_| "inline data is not in a registered region")?;
                 at += n;
             }
             Some(data)
@@ -450,7 +450,14 @@ impl RcQp {
     // ---------------------------------------------------------------- inbound
 
     /// Handles one parsed packet addressed to this QP from `src`.
-    pub(crate) fn on_packet(&mut self, now: Instant, src: Ipv4Addr, pkt: &Packet<'_>, mem: &MrTable, stats: &mut FabricStats) {
+    pub(crate) fn on_packet(
+        &mut self,
+        now: Instant,
+        src: Ipv4Addr,
+        pkt: &Packet<'_>,
+        mem: &MrTable,
+        stats: &mut FabricStats,
+    ) {
         match self.state {
             QpState::Rtr | QpState::Rts => {}
             _ => return,
@@ -532,7 +539,14 @@ impl RcQp {
         }
     }
 
-    fn complete_recv(&mut self, status: WcStatus, opcode: WcOpcode, byte_len: u32, imm: Option<u32>, solicited: bool) {
+    fn complete_recv(
+        &mut self,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u32,
+        imm: Option<u32>,
+        solicited: bool,
+    ) {
         if let Some(r) = self.rq.pop_front() {
             self.completions.push(Completion {
                 cq: CqSel::Recv,
@@ -599,7 +613,9 @@ impl RcQp {
             if !self.qp_access.contains(Access::REMOTE_WRITE) {
                 return Err(Refusal::Nak(NakCode::RemoteAccessError));
             }
-            if reth.dma_len > 0 && mem.check_remote_write(self.pd, reth.rkey, reth.va, u64::from(reth.dma_len)).is_err() {
+            if reth.dma_len > 0
+                && mem.check_remote_write(self.pd, reth.rkey, reth.va, u64::from(reth.dma_len)).is_err()
+            {
                 return Err(Refusal::Nak(NakCode::RemoteAccessError));
             }
             (reth.rkey, reth.va, u64::from(reth.dma_len))
@@ -627,7 +643,13 @@ impl RcQp {
             self.in_msg = None;
             if op.has_imm() {
                 let total = pkt.headers.reth.map_or(0, |r| r.dma_len);
-                self.complete_recv(WcStatus::Success, WcOpcode::RecvRdmaWithImm, total, pkt.headers.imm, bth.solicited);
+                self.complete_recv(
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    total,
+                    pkt.headers.imm,
+                    bth.solicited,
+                );
             }
         } else {
             self.in_msg = Some(InMsg::Write { rkey, va: va + plen, remaining: remaining - plen });
@@ -680,7 +702,9 @@ impl RcQp {
                         self.rewind(p);
                         self.arm_retx(now);
                     }
-                    NakCode::InvalidRequest | NakCode::InvalidRdRequest => self.fail_front(WcStatus::RemInvReqErr),
+                    NakCode::InvalidRequest | NakCode::InvalidRdRequest => {
+                        self.fail_front(WcStatus::RemInvReqErr)
+                    }
                     NakCode::RemoteAccessError => self.fail_front(WcStatus::RemAccessErr),
                     NakCode::RemoteOperationalError => self.fail_front(WcStatus::RemOpErr),
                 }
@@ -801,11 +825,19 @@ impl RcQp {
 
     /// Writes the next frame (headers + payload, room for pad and ICRC left at the end) into
     /// `buf`, which must hold a full-MTU frame. The caller seals it with the ICRC and sends it.
-    pub(crate) fn poll_transmit(&mut self, now: Instant, mem: &MrTable, buf: &mut [u8], stats: &mut FabricStats) -> Option<TxFrame> {
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &MrTable,
+        buf: &mut [u8],
+        stats: &mut FabricStats,
+    ) -> Option<TxFrame> {
         let dst = self.dest_ip?;
         if let Some(ack) = self.pending_ack.take() {
             let (psn, syndrome) = match ack {
-                PendingAck::Ack => (psn_add(self.epsn, packet::PSN_MASK), Syndrome::Ack { credit_code: NO_CREDIT_INFO }),
+                PendingAck::Ack => {
+                    (psn_add(self.epsn, packet::PSN_MASK), Syndrome::Ack { credit_code: NO_CREDIT_INFO })
+                }
                 PendingAck::Nak { psn, code } => (psn, Syndrome::Nak(code)),
                 PendingAck::Rnr { psn } => (psn, Syndrome::RnrNak { timer: self.min_rnr_timer }),
             };

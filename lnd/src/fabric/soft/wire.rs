@@ -58,7 +58,9 @@ impl UdpWire {
         socket.set_nonblocking(true)?;
         let fd = socket.as_raw_fd();
         set_int_opt(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
-        for (force, plain) in [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)] {
+        for (force, plain) in
+            [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)]
+        {
             // FORCE needs CAP_NET_ADMIN; without it the plain option clamps to rmem_max.
             if set_int_opt(fd, libc::SOL_SOCKET, force, SOCKET_BUFFER as libc::c_int).is_err() {
                 set_int_opt(fd, libc::SOL_SOCKET, plain, SOCKET_BUFFER as libc::c_int)?;
@@ -108,7 +110,9 @@ impl Wire for UdpWire {
     fn recv(&mut self, _now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>> {
         loop {
             return match self.socket.recv_from(buf) {
-                Ok((len, SocketAddr::V4(src))) => Ok(Some(Received { src: *src.ip(), src_port: src.port(), len })),
+                Ok((len, SocketAddr::V4(src))) => {
+                    Ok(Some(Received { src: *src.ip(), src_port: src.port(), len }))
+                }
                 Ok((_, SocketAddr::V6(_))) => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
