@@ -10,6 +10,7 @@
 //! The protocol core is sans-IO: it takes `now` ([`time::Instant`]) and events, and is asked for
 //! output; the driver that owns threads, sockets and the OS clock is thin.
 
+pub mod clock;
 pub mod cm;
 pub mod fabric;
 pub mod rng;

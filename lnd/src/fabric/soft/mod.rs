@@ -877,3 +877,6 @@ impl Drop for SoftQp {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -42,6 +42,11 @@ pub(crate) const ACK_REQ_INTERVAL: u32 = 16;
 /// The AETH credit code meaning "no credit information" (what rxe sends).
 const NO_CREDIT_INFO: u8 = 0x1f;
 
+/// Responses (ACK/NAK) a responder keeps queued between transmit opportunities. Sending a few
+/// per batch rather than one coalesced ACK means a single lost response does not cost the
+/// requester a whole retransmission timeout.
+const ACK_QUEUE_MAX: usize = 8;
+
 /// Which of the QP's completion queues a completion goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CqSel {
@@ -94,8 +99,8 @@ struct RecvWqe {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PendingAck {
-    /// Cumulative ACK up to `epsn - 1`.
-    Ack,
+    /// Cumulative ACK up to and including `psn`.
+    Ack { psn: u32 },
     /// Sequence or error NAK at `psn`.
     Nak { psn: u32, code: NakCode },
     /// RNR NAK at `psn`.
@@ -105,7 +110,7 @@ enum PendingAck {
 #[derive(Clone, Copy, Debug)]
 enum InMsg {
     Send { offset: u64 },
-    Write { rkey: u32, va: u64, remaining: u64 },
+    Write { rkey: u32, va: u64, remaining: u64, total: u32 },
 }
 
 /// Why an in-sequence request packet was not accepted.
@@ -150,7 +155,7 @@ pub(crate) struct RcQp {
     epsn: u32,
     msn: u32,
     in_msg: Option<InMsg>,
-    pending_ack: Option<PendingAck>,
+    acks: VecDeque<PendingAck>,
     nak_sent: bool,
     comm_est_raised: bool,
 
@@ -197,7 +202,7 @@ impl RcQp {
             epsn: 0,
             msn: 0,
             in_msg: None,
-            pending_ack: None,
+            acks: VecDeque::new(),
             nak_sent: false,
             comm_est_raised: false,
             completions: Vec::new(),
@@ -205,21 +210,8 @@ impl RcQp {
         }
     }
 
-    pub(crate) fn qpn(&self) -> u32 {
-        self.qpn
-    }
-
     pub(crate) fn state(&self) -> QpState {
         self.state
-    }
-
-    pub(crate) fn dest_ip(&self) -> Option<Ipv4Addr> {
-        self.dest_ip
-    }
-
-    /// Work requests still on the send and receive queues.
-    pub(crate) fn queued(&self) -> (usize, usize) {
-        (self.sq.len(), self.rq.len())
     }
 
     /// `ibv_modify_qp`.
@@ -247,7 +239,7 @@ impl RcQp {
                     .gid
                     .to_ipv4()
                     .ok_or(FabricError::InvalidArgument { what: "dest GID (not IPv4-mapped)" })?;
-                if dest_qpn > packet::PSN_MASK || dest_qpn < 2 {
+                if !(2..=packet::PSN_MASK).contains(&dest_qpn) {
                     return Err(FabricError::InvalidArgument { what: "dest_qpn" });
                 }
                 if rq_psn > packet::PSN_MASK {
@@ -438,7 +430,7 @@ impl RcQp {
 
     /// Whether `poll_transmit` would produce a frame at `now`.
     pub(crate) fn wants_transmit(&self, now: Instant) -> bool {
-        if self.pending_ack.is_some() && self.dest_ip.is_some() {
+        if !self.acks.is_empty() && self.dest_ip.is_some() {
             return true;
         }
         self.state == QpState::Rts
@@ -480,11 +472,24 @@ impl RcQp {
         self.on_request(pkt, mem, stats);
     }
 
-    fn set_ack(&mut self) {
-        match self.pending_ack {
-            Some(PendingAck::Nak { .. } | PendingAck::Rnr { .. }) => {}
-            _ => self.pending_ack = Some(PendingAck::Ack),
+    /// Queues a response; when the queue is full, newer ACKs replace an ACK at its tail.
+    fn queue_ack(&mut self, a: PendingAck) {
+        if self.acks.len() >= ACK_QUEUE_MAX {
+            if let (Some(PendingAck::Ack { psn: last }), PendingAck::Ack { psn }) = (self.acks.back_mut(), a)
+            {
+                *last = psn;
+                return;
+            }
+            if matches!(a, PendingAck::Ack { .. }) {
+                return;
+            }
+            self.acks.pop_front();
         }
+        self.acks.push_back(a);
+    }
+
+    fn ack_expected(&mut self) {
+        self.queue_ack(PendingAck::Ack { psn: psn_add(self.epsn, packet::PSN_MASK) });
     }
 
     fn on_request(&mut self, pkt: &Packet<'_>, mem: &MrTable, stats: &mut FabricStats) {
@@ -492,13 +497,13 @@ impl RcQp {
         let d = psn_diff(bth.psn, self.epsn);
         if d < 0 {
             stats.duplicates += 1;
-            self.set_ack();
+            self.ack_expected();
             return;
         }
         if d > 0 {
             if !self.nak_sent {
                 self.nak_sent = true;
-                self.pending_ack = Some(PendingAck::Nak { psn: self.epsn, code: NakCode::PsnSequenceError });
+                self.queue_ack(PendingAck::Nak { psn: self.epsn, code: NakCode::PsnSequenceError });
                 stats.seq_naks += 1;
             }
             return;
@@ -516,23 +521,22 @@ impl RcQp {
                 if op.is_last() {
                     self.msn = (self.msn + 1) & packet::PSN_MASK;
                 }
-                if matches!(self.pending_ack, Some(PendingAck::Nak { code: NakCode::PsnSequenceError, .. })) {
-                    self.pending_ack = None;
-                }
+                // A gap this packet filled is no longer worth a NAK.
+                self.acks.retain(|a| !matches!(a, PendingAck::Nak { code: NakCode::PsnSequenceError, .. }));
                 if bth.ack_req {
-                    self.set_ack();
+                    self.ack_expected();
                 }
             }
             Err(Refusal::Rnr) => {
                 self.nak_sent = true;
-                self.pending_ack = Some(PendingAck::Rnr { psn: bth.psn });
+                self.queue_ack(PendingAck::Rnr { psn: bth.psn });
                 stats.rnr_naks += 1;
             }
             Err(Refusal::Nak(code)) => {
                 if code == NakCode::RemoteAccessError {
                     stats.access_errors += 1;
                 }
-                self.pending_ack = Some(PendingAck::Nak { psn: bth.psn, code });
+                self.queue_ack(PendingAck::Nak { psn: bth.psn, code });
                 self.enter_error();
                 self.events.push(AsyncEvent::QpFatal { qp_num: self.qpn });
             }
@@ -603,7 +607,7 @@ impl RcQp {
     fn rx_write(&mut self, pkt: &Packet<'_>, mem: &MrTable) -> Result<(), Refusal> {
         let bth = pkt.headers.bth;
         let op = bth.opcode;
-        let (rkey, va, remaining) = if op.is_first() {
+        let (rkey, va, remaining, total) = if op.is_first() {
             if self.in_msg.is_some() {
                 return Err(Refusal::Nak(NakCode::InvalidRequest));
             }
@@ -618,10 +622,10 @@ impl RcQp {
             {
                 return Err(Refusal::Nak(NakCode::RemoteAccessError));
             }
-            (reth.rkey, reth.va, u64::from(reth.dma_len))
+            (reth.rkey, reth.va, u64::from(reth.dma_len), reth.dma_len)
         } else {
             match self.in_msg {
-                Some(InMsg::Write { rkey, va, remaining }) => (rkey, va, remaining),
+                Some(InMsg::Write { rkey, va, remaining, total }) => (rkey, va, remaining, total),
                 _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
             }
         };
@@ -642,7 +646,6 @@ impl RcQp {
         if op.is_last() {
             self.in_msg = None;
             if op.has_imm() {
-                let total = pkt.headers.reth.map_or(0, |r| r.dma_len);
                 self.complete_recv(
                     WcStatus::Success,
                     WcOpcode::RecvRdmaWithImm,
@@ -652,7 +655,7 @@ impl RcQp {
                 );
             }
         } else {
-            self.in_msg = Some(InMsg::Write { rkey, va: va + plen, remaining: remaining - plen });
+            self.in_msg = Some(InMsg::Write { rkey, va: va + plen, remaining: remaining - plen, total });
         }
         Ok(())
     }
@@ -833,11 +836,9 @@ impl RcQp {
         stats: &mut FabricStats,
     ) -> Option<TxFrame> {
         let dst = self.dest_ip?;
-        if let Some(ack) = self.pending_ack.take() {
+        if let Some(ack) = self.acks.pop_front() {
             let (psn, syndrome) = match ack {
-                PendingAck::Ack => {
-                    (psn_add(self.epsn, packet::PSN_MASK), Syndrome::Ack { credit_code: NO_CREDIT_INFO })
-                }
+                PendingAck::Ack { psn } => (psn, Syndrome::Ack { credit_code: NO_CREDIT_INFO }),
                 PendingAck::Nak { psn, code } => (psn, Syndrome::Nak(code)),
                 PendingAck::Rnr { psn } => (psn, Syndrome::RnrNak { timer: self.min_rnr_timer }),
             };
@@ -880,8 +881,10 @@ impl RcQp {
         let off = u64::from(k) * u64::from(self.mtu);
         let plen = (u64::from(w.len) - off).min(u64::from(self.mtu)) as usize;
         let window_full = psn_diff(psn_add(psn, 1), self.una) as i64 >= i64::from(self.max_inflight);
+        let retransmit = psn_diff(psn, self.sent_end) < 0;
         let mut bth = Bth::new(opcode, self.dest_qpn, psn);
-        bth.ack_req = last || psn % ACK_REQ_INTERVAL == 0 || window_full;
+        // Retransmissions always ask for an ACK: any one that gets through makes progress.
+        bth.ack_req = last || psn % ACK_REQ_INTERVAL == 0 || window_full || retransmit;
         bth.solicited = last && w.solicited;
         let headers = Headers { bth, deth: None, reth, aeth: None, imm };
         let hlen = packet::emit_headers(&headers, plen, buf).ok()?;
@@ -900,7 +903,7 @@ impl RcQp {
             self.fail_at(idx, WcStatus::LocProtErr);
             return None;
         }
-        if psn_diff(psn, self.sent_end) < 0 {
+        if retransmit {
             stats.retransmits += 1;
         } else {
             self.sent_end = psn_add(psn, 1);

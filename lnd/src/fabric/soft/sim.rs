@@ -1,8 +1,10 @@
 //! The simulated wire: an in-process network of software devices on a virtual clock.
 //!
 //! A [`SimNet`] connects any number of [`SimPort`]s by IPv4 address. A frame sent at `now`
-//! becomes receivable at `now + latency` (plus jitter drawn from the net's seeded generator);
-//! frames to an address nobody attached vanish, as on a real network. Nothing here reads a
+//! becomes receivable at `now + latency` plus jitter drawn from the net's seeded generator.
+//! Like a real path, each (source, destination) link is FIFO: jitter varies the delay but never
+//! lets a frame overtake an earlier one on the same link (reordering is a fault, injected by
+//! [`super::fault`]). Frames to an address nobody attached vanish, as on a real network. Nothing here reads a
 //! clock: whoever drives the simulation advances `now` to the earliest deadline any device
 //! reports. Given the same seed and the same sequence of calls a run is identical, so a failing
 //! run is replayed from the seed it printed.
@@ -33,6 +35,8 @@ struct Inner {
     seq: u64,
     /// Per destination: frames ordered by (arrival time, sequence).
     inboxes: HashMap<Ipv4Addr, BTreeMap<(Instant, u64), Frame>>,
+    /// Arrival time of the last frame on each (source, destination) link.
+    last_arrival: HashMap<(Ipv4Addr, Ipv4Addr), Instant>,
     frames_sent: u64,
     frames_lost: u64,
 }
@@ -55,6 +59,7 @@ impl SimNet {
                 rng: Rng::new(seed),
                 seq: 0,
                 inboxes: HashMap::new(),
+                last_arrival: HashMap::new(),
                 frames_sent: 0,
                 frames_lost: 0,
             })),
@@ -62,8 +67,7 @@ impl SimNet {
         }
     }
 
-    /// Adds up to `jitter` of uniformly random extra delay to every frame (which reorders
-    /// frames sent closer together than the jitter).
+    /// Adds up to `jitter` of uniformly random extra delay to every frame (links stay FIFO).
     pub fn with_jitter(self, jitter: Duration) -> SimNet {
         self.lock().jitter = jitter;
         self
@@ -126,10 +130,12 @@ impl Wire for SimPort {
             let max = u64::try_from(inner.jitter.as_nanos()).unwrap_or(u64::MAX);
             Duration::from_nanos(inner.rng.below(max.saturating_add(1)))
         };
-        let at = now + inner.latency + jitter;
+        let src = self.ip;
+        let earliest = inner.last_arrival.get(&(src, dst)).copied().unwrap_or(Instant::ZERO);
+        let at = (now + inner.latency + jitter).max(earliest);
+        inner.last_arrival.insert((src, dst), at);
         inner.seq += 1;
         let seq = inner.seq;
-        let src = self.ip;
         match inner.inboxes.get_mut(&dst) {
             Some(inbox) => {
                 inbox.insert((at, seq), Frame { src, bytes: frame.to_vec() });
@@ -193,5 +199,23 @@ mod tests {
         assert_eq!(&buf[..r.len], b"two");
         assert_eq!(pb.recv(now, &mut buf).unwrap(), None);
         assert_eq!(net.counters(), (3, 1));
+    }
+
+    #[test]
+    fn jitter_varies_delay_but_links_stay_fifo() {
+        let net = SimNet::new(7, Duration::from_micros(10)).with_jitter(Duration::from_micros(50));
+        let a = Ipv4Addr::new(10, 0, 0, 1);
+        let b = Ipv4Addr::new(10, 0, 0, 2);
+        let mut pa = net.attach(a);
+        let mut pb = net.attach(b);
+        for i in 0..200u32 {
+            pa.send(Instant::from_nanos(u64::from(i) * 100), b, &i.to_be_bytes()).unwrap();
+        }
+        let mut buf = [0u8; 4];
+        let mut got = Vec::new();
+        while let Some(r) = pb.recv(Instant::from_secs(1), &mut buf).unwrap() {
+            got.push(u32::from_be_bytes(buf[..r.len].try_into().unwrap()));
+        }
+        assert_eq!(got, (0..200).collect::<Vec<_>>());
     }
 }

@@ -1,0 +1,710 @@
+//! Tests of the software device over the simulated wire (seeded, virtual clock).
+//!
+//! `LND_SIM_SEED=<n>` replays a run; every failure message names the seed.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use super::*;
+use crate::fabric::dma::RegisteredBuf;
+use crate::fabric::{CompletionQueue, SendFlags, SendOp, Sge, Wc, WcOpcode, WcStatus};
+
+const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+
+fn seed() -> u64 {
+    std::env::var("LND_SIM_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_1234)
+}
+
+struct Node {
+    dev: SoftDevice,
+    pd: SoftPd,
+    cq: SoftCq,
+    qp: SoftQp,
+    buf: RegisteredBuf<SoftDevice>,
+}
+
+fn ip(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, 0, n)
+}
+
+fn node(net: &SimNet, n: u8, config: SoftConfig, buf_len: usize) -> Node {
+    let dev = SoftDevice::open_sim(net, ip(n), config);
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(4096).unwrap();
+    let cap =
+        QpCaps { max_send_wr: 512, max_recv_wr: 512, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 };
+    let qp = dev.create_qp(&pd, &cq, &cq, &QpInitAttr { cap, sq_sig_all: false }).unwrap();
+    let buf = RegisteredBuf::new(&dev, &pd, buf_len, RW).unwrap();
+    Node { dev, pd, cq, qp, buf }
+}
+
+fn config(seed: u64) -> SoftConfig {
+    SoftConfig { seed, ..SoftConfig::default() }
+}
+
+#[derive(Clone, Copy)]
+struct Rc {
+    timeout: u8,
+    retry: u8,
+    rnr_retry: u8,
+    min_rnr: u8,
+    mtu: Mtu,
+}
+
+const RC: Rc = Rc { timeout: 10, retry: 7, rnr_retry: 7, min_rnr: 1, mtu: Mtu::Mtu4096 };
+
+fn to_rtr(qp: &SoftQp, peer: &SoftQp, peer_ip: Ipv4Addr, rq_psn: u32, rc: Rc) {
+    qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE }).unwrap();
+    qp.modify(&QpModify::Rtr {
+        path_mtu: rc.mtu,
+        dest_qpn: peer.qp_num(),
+        rq_psn,
+        dest: PortAddr::from_ipv4(peer_ip),
+        max_dest_rd_atomic: 0,
+        min_rnr_timer: rc.min_rnr,
+    })
+    .unwrap();
+}
+
+fn to_rts(qp: &SoftQp, sq_psn: u32, rc: Rc) {
+    qp.modify(&QpModify::Rts {
+        sq_psn,
+        timeout: rc.timeout,
+        retry_cnt: rc.retry,
+        rnr_retry: rc.rnr_retry,
+        max_rd_atomic: 0,
+    })
+    .unwrap();
+}
+
+/// Connects a (at ip(na)) and b (at ip(nb)) with PSNs near the 2^24 wrap.
+fn connect(a: &Node, b: &Node, rc: Rc) {
+    let (pa, pb) = (0xff_fff0, 0x00_0005);
+    to_rtr(&a.qp, &b.qp, b.dev.ip(), pb, rc);
+    to_rtr(&b.qp, &a.qp, a.dev.ip(), pa, rc);
+    to_rts(&a.qp, pa, rc);
+    to_rts(&b.qp, pb, rc);
+}
+
+/// Runs the devices on a virtual clock until `done` holds; false if the network went quiet
+/// or `max_steps` passed first.
+fn run_until(
+    devs: &[&SoftDevice],
+    now: &mut Instant,
+    max_steps: usize,
+    mut done: impl FnMut(Instant) -> bool,
+) -> bool {
+    for _ in 0..max_steps {
+        for d in devs {
+            d.progress(*now).unwrap();
+        }
+        if done(*now) {
+            return true;
+        }
+        let next = devs.iter().filter_map(|d| d.next_deadline()).min();
+        match next {
+            Some(t) => *now = (*now).max(t),
+            None => return done(*now),
+        }
+    }
+    false
+}
+
+fn poll_all(cq: &SoftCq, out: &mut Vec<Wc>) {
+    let mut batch = [Wc::default(); 64];
+    loop {
+        let n = cq.poll(&mut batch);
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&batch[..n]);
+    }
+}
+
+fn pattern(msg: u64, len: usize) -> Vec<u8> {
+    let mut r = crate::rng::Rng::new(msg.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xabcdef);
+    let mut v = vec![0u8; len];
+    r.fill(&mut v);
+    v
+}
+
+/// WRITE into a slot of b's buffer, then a SEND whose immediate names the message: b checks
+/// the slot when the SEND arrives. Runs `n` messages with up to `window` outstanding.
+fn write_then_send(a: &Node, b: &Node, n: u64, sizes: &[usize], window: u64, now: &mut Instant, s: u64) {
+    const SLOT: usize = 1 << 16;
+    let slots = (b.buf.buf().len() / SLOT) as u64;
+    assert!(window <= slots);
+    for i in 0..64u64 {
+        b.qp.post_recv(&[RecvWr { wr_id: i, sg_list: &[b.buf.sge(0, 0)] }]).unwrap();
+    }
+    let (mut posted, mut verified, mut acked) = (0u64, 0u64, 0u64);
+    let mut recv_order = Vec::new();
+    let mut a_wcs = Vec::new();
+    let done = run_until(&[&a.dev, &b.dev], now, 2_000_000, |now| {
+        // a: keep `window` messages in flight.
+        while posted < n && posted - verified < window {
+            let len = sizes[(posted as usize) % sizes.len()];
+            let slot = (posted % slots) as usize;
+            let data = pattern(posted, len);
+            a.buf.buf().write(slot * SLOT, &data).unwrap();
+            let sge = a.buf.sge(slot * SLOT, len as u32);
+            let wrs = [
+                SendWr {
+                    wr_id: posted * 2,
+                    op: SendOp::RdmaWrite { remote_addr: b.buf.addr_at(slot * SLOT), rkey: b.buf.rkey() },
+                    sg_list: &[sge],
+                    flags: SendFlags::UNSIGNALED,
+                },
+                SendWr {
+                    wr_id: posted * 2 + 1,
+                    op: SendOp::SendWithImm { imm: posted as u32 },
+                    sg_list: &[],
+                    flags: SendFlags::SIGNALED,
+                },
+            ];
+            a.qp.post_send(&wrs).unwrap();
+            posted += 1;
+        }
+        // b: verify each message when its SEND arrives.
+        let mut wcs = Vec::new();
+        poll_all(&b.cq, &mut wcs);
+        for wc in wcs {
+            assert_eq!(wc.status, WcStatus::Success, "seed {s}: b completion {wc:?}");
+            assert_eq!(wc.opcode, WcOpcode::Recv);
+            let m = u64::from(wc.imm_data.expect("imm"));
+            let len = sizes[(m as usize) % sizes.len()];
+            let slot = (m % slots) as usize;
+            let got = b.buf.buf().to_vec(slot * SLOT, len).unwrap();
+            assert!(got == pattern(m, len), "seed {s}: message {m} corrupted");
+            recv_order.push(m);
+            verified += 1;
+            b.qp.post_recv(&[RecvWr { wr_id: wc.wr_id, sg_list: &[b.buf.sge(0, 0)] }]).unwrap();
+        }
+        poll_all(&a.cq, &mut a_wcs);
+        for wc in a_wcs.drain(..) {
+            assert_eq!(
+                wc.status,
+                WcStatus::Success,
+                "seed {s}: a completion {wc:?} {:?} {:?} at {now:?}",
+                a.dev.stats(),
+                b.dev.stats()
+            );
+            assert_eq!(wc.wr_id, acked * 2 + 1, "seed {s}: send completions out of order");
+            acked += 1;
+        }
+        verified == n && acked == n
+    });
+    assert!(done, "seed {s}: stalled at posted {posted} verified {verified} acked {acked}");
+    assert_eq!(recv_order, (0..n).collect::<Vec<_>>(), "seed {s}: delivery not in order exactly once");
+}
+
+#[test]
+fn writes_and_sends_arrive_in_order_exactly_once_on_a_clean_wire() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, config(s), 1 << 20);
+    let b = node(&net, 2, config(s + 1), 1 << 20);
+    connect(&a, &b, RC);
+    let mut now = Instant::ZERO;
+    write_then_send(&a, &b, 200, &[0, 1, 4095, 4096, 4097, 20000, 65536], 8, &mut now, s);
+    let st = a.dev.stats();
+    assert_eq!(st.retransmits, 0, "seed {s}: {st:?}");
+    assert_eq!(b.dev.stats().duplicates, 0);
+}
+
+#[test]
+fn writes_and_sends_survive_20_percent_loss_with_reordering_and_duplication() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5)).with_jitter(Duration::from_micros(3));
+    // 20% of frames lost on every link direction (applied once, at the sender), plus
+    // reordering and duplication.
+    let faults = FaultConfig {
+        tx: DirFaults {
+            drop: 0.2,
+            reorder: 0.1,
+            duplicate: 0.05,
+            delay_max: Duration::from_micros(30),
+            ..DirFaults::NONE
+        },
+        rx: DirFaults::NONE,
+    };
+    let a = node(&net, 1, SoftConfig { faults, mtu: Mtu::Mtu1024, ..config(s) }, 1 << 20);
+    let b = node(&net, 2, SoftConfig { faults, mtu: Mtu::Mtu1024, ..config(s + 1) }, 1 << 20);
+    connect(&a, &b, Rc { mtu: Mtu::Mtu1024, ..RC });
+    let mut now = Instant::ZERO;
+    write_then_send(&a, &b, 300, &[0, 100, 1024, 3000, 20000, 65536], 8, &mut now, s);
+    let (sa, sb) = (a.dev.stats(), b.dev.stats());
+    assert!(sa.retransmits > 0 && sb.duplicates > 0 && sb.seq_naks > 0, "seed {s}: {sa:?} {sb:?}");
+    assert!(a.dev.fault_stats().dropped > 0 && a.dev.fault_stats().reordered > 0);
+}
+
+#[test]
+fn corrupted_frames_are_dropped_by_the_icrc_and_recovered() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let faults = FaultConfig::symmetric(DirFaults { corrupt: 0.05, ..DirFaults::NONE });
+    let a = node(&net, 1, SoftConfig { faults, ..config(s) }, 1 << 20);
+    let b = node(&net, 2, SoftConfig { faults, ..config(s + 1) }, 1 << 20);
+    connect(&a, &b, RC);
+    let mut now = Instant::ZERO;
+    write_then_send(&a, &b, 100, &[4096, 30000], 4, &mut now, s);
+    let bad =
+        a.dev.stats().bad_icrc + b.dev.stats().bad_icrc + a.dev.stats().malformed + b.dev.stats().malformed;
+    assert!(bad > 0, "seed {s}: corruption must be caught");
+}
+
+#[test]
+fn retry_exhaustion_fails_the_oldest_then_flushes_the_rest_in_order() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, config(s), 4096);
+    let b = node(&net, 2, config(s + 1), 4096);
+    let rc = Rc { retry: 3, timeout: 8, ..RC };
+    connect(&a, &b, rc);
+    net.detach(b.dev.ip()); // the peer host disappears
+    let mut now = Instant::ZERO;
+    for i in 0..3 {
+        let flags = if i == 1 { SendFlags::UNSIGNALED } else { SendFlags::SIGNALED };
+        a.qp.post_send(&[SendWr { wr_id: i, op: SendOp::Send, sg_list: &[a.buf.sge(0, 100)], flags }])
+            .unwrap();
+    }
+    let mut wcs = Vec::new();
+    assert!(run_until(&[&a.dev], &mut now, 10_000, |_| {
+        poll_all(&a.cq, &mut wcs);
+        wcs.len() == 3
+    }));
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        vec![(0, WcStatus::RetryExcErr), (1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)],
+        "seed {s}"
+    );
+    assert_eq!(a.qp.state(), QpState::Err);
+    // 1 transmission + 3 retries, each waiting one ACK timeout (4.096 us * 2^8 = 1.05 ms).
+    let t = packet::ack_timeout_duration(8).unwrap();
+    assert!(now >= Instant::ZERO + t * 4 && now < Instant::ZERO + t * 5, "{now:?}");
+    assert_eq!(a.dev.stats().timeouts, 4);
+    // Posting on an ERR QP completes at once with a flush.
+    a.qp.post_send(&[SendWr { wr_id: 9, op: SendOp::Send, sg_list: &[], flags: SendFlags::UNSIGNALED }])
+        .unwrap();
+    let mut w = [Wc::default(); 4];
+    assert_eq!(a.cq.poll(&mut w), 1);
+    assert_eq!((w[0].wr_id, w[0].status), (9, WcStatus::WrFlushErr));
+}
+
+#[test]
+fn rnr_retry_succeeds_once_a_receive_is_posted() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, config(s), 4096);
+    let b = node(&net, 2, config(s + 1), 4096);
+    connect(&a, &b, Rc { rnr_retry: 7, min_rnr: 4, ..RC });
+    a.buf.buf().write(0, b"hello").unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: &[a.buf.sge(0, 5)],
+        flags: SendFlags::SIGNALED,
+    }])
+    .unwrap();
+    let mut now = Instant::ZERO;
+    // Let several RNR NAKs happen.
+    assert!(run_until(&[&a.dev, &b.dev], &mut now, 10_000, |_| b.dev.stats().rnr_naks >= 3));
+    b.qp.post_recv(&[RecvWr { wr_id: 7, sg_list: &[b.buf.sge(100, 64)] }]).unwrap();
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    assert!(run_until(&[&a.dev, &b.dev], &mut now, 10_000, |_| {
+        poll_all(&a.cq, &mut wa);
+        poll_all(&b.cq, &mut wb);
+        !wa.is_empty() && !wb.is_empty()
+    }));
+    assert_eq!((wa[0].wr_id, wa[0].status), (1, WcStatus::Success), "seed {s}");
+    assert_eq!((wb[0].wr_id, wb[0].status, wb[0].byte_len), (7, WcStatus::Success, 5));
+    assert_eq!(b.buf.buf().to_vec(100, 5).unwrap(), b"hello");
+}
+
+#[test]
+fn rnr_exhaustion_fails_with_rnr_retry_exc_err() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, config(s), 4096);
+    let b = node(&net, 2, config(s + 1), 4096);
+    connect(&a, &b, Rc { rnr_retry: 2, min_rnr: 1, ..RC });
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: &[a.buf.sge(0, 5)],
+        flags: SendFlags::SIGNALED,
+    }])
+    .unwrap();
+    let mut now = Instant::ZERO;
+    let mut wa = Vec::new();
+    assert!(run_until(&[&a.dev, &b.dev], &mut now, 10_000, |_| {
+        poll_all(&a.cq, &mut wa);
+        !wa.is_empty()
+    }));
+    assert_eq!((wa[0].wr_id, wa[0].status), (1, WcStatus::RnrRetryExcErr), "seed {s}");
+    assert_eq!(b.dev.stats().rnr_naks, 3, "first try + 2 retries");
+}
+
+/// `wr` maps the target's (address, rkey) to the WRITE's (remote address, rkey, length).
+fn access_error_case(s: u64, b_access: Access, wr: impl Fn(u64, u32) -> (u64, u32, u32)) {
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, config(s), 65536);
+    let b = node(&net, 2, config(s + 1), 0);
+    let target = RegisteredBuf::new(&b.dev, &b.pd, 8192, b_access).unwrap();
+    target.buf().fill(0xee);
+    a.buf.buf().fill(0x11);
+    connect(&a, &b, RC);
+    let (remote_addr, rkey, len) = wr(target.addr_at(0), target.rkey());
+    let wrs = [
+        SendWr {
+            wr_id: 1,
+            op: SendOp::RdmaWrite { remote_addr, rkey },
+            sg_list: &[a.buf.sge(0, len)],
+            flags: SendFlags::UNSIGNALED,
+        },
+        SendWr { wr_id: 2, op: SendOp::Send, sg_list: &[], flags: SendFlags::SIGNALED },
+    ];
+    a.qp.post_send(&wrs).unwrap();
+    let mut now = Instant::ZERO;
+    let mut wa = Vec::new();
+    assert!(run_until(&[&a.dev, &b.dev], &mut now, 10_000, |_| {
+        poll_all(&a.cq, &mut wa);
+        wa.len() == 2
+    }));
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)],
+        "seed {s}"
+    );
+    assert!(
+        target.buf().to_vec(0, 8192).unwrap().iter().all(|&x| x == 0xee),
+        "target memory must be unchanged"
+    );
+    assert_eq!(a.qp.state(), QpState::Err);
+    assert_eq!(b.qp.state(), QpState::Err);
+    assert_eq!(b.dev.poll_async_event(), Some(AsyncEvent::QpFatal { qp_num: b.qp.qp_num() }));
+    assert_eq!(b.dev.stats().access_errors, 1);
+}
+
+#[test]
+fn rdma_write_with_a_bad_rkey_is_refused_without_writing() {
+    access_error_case(seed(), RW, |addr, _| (addr, 0xdead_beef, 4096));
+}
+
+#[test]
+fn rdma_write_past_the_end_of_the_region_is_refused_without_writing() {
+    // 4096 bytes starting 4097 bytes into an 8192-byte region: the last byte is outside.
+    access_error_case(seed(), RW, |addr, rkey| (addr + 4097, rkey, 4096));
+}
+
+#[test]
+fn rdma_write_without_remote_write_access_is_refused_without_writing() {
+    access_error_case(seed(), Access::LOCAL_WRITE, |addr, rkey| (addr, rkey, 4096));
+}
+
+#[test]
+fn send_longer_than_the_receive_is_loc_len_err() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, config(s), 4096);
+    let b = node(&net, 2, config(s + 1), 4096);
+    connect(&a, &b, RC);
+    b.qp.post_recv(&[RecvWr { wr_id: 5, sg_list: &[b.buf.sge(0, 16)] }]).unwrap();
+    b.qp.post_recv(&[RecvWr { wr_id: 6, sg_list: &[b.buf.sge(16, 16)] }]).unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: &[a.buf.sge(0, 100)],
+        flags: SendFlags::SIGNALED,
+    }])
+    .unwrap();
+    let mut now = Instant::ZERO;
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    assert!(run_until(&[&a.dev, &b.dev], &mut now, 10_000, |_| {
+        poll_all(&a.cq, &mut wa);
+        poll_all(&b.cq, &mut wb);
+        !wa.is_empty() && wb.len() == 2
+    }));
+    assert_eq!((wa[0].wr_id, wa[0].status), (1, WcStatus::RemInvReqErr), "seed {s}");
+    assert_eq!((wb[0].wr_id, wb[0].status), (5, WcStatus::LocLenErr));
+    assert_eq!((wb[1].wr_id, wb[1].status), (6, WcStatus::WrFlushErr));
+}
+
+#[test]
+fn scatter_gather_imm_and_small_mtu() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let rc = Rc { mtu: Mtu::Mtu256, ..RC };
+    let a = node(&net, 1, config(s), 65536);
+    let b = node(&net, 2, config(s + 1), 65536);
+    connect(&a, &b, rc);
+    let data = pattern(1, 3000);
+    a.buf.buf().write(0, &data[..1000]).unwrap();
+    a.buf.buf().write(5000, &data[1000..]).unwrap();
+    // Gather from two SGEs; scatter into three.
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: &[b.buf.sge(0, 10), b.buf.sge(100, 1990), b.buf.sge(9000, 4000)],
+    }])
+    .unwrap();
+    b.qp.post_recv(&[RecvWr { wr_id: 2, sg_list: &[b.buf.sge(20000, 8)] }]).unwrap();
+    let wrs = [
+        SendWr {
+            wr_id: 1,
+            op: SendOp::SendWithImm { imm: 0xabcd },
+            sg_list: &[a.buf.sge(0, 1000), a.buf.sge(5000, 2000)],
+            flags: SendFlags::SIGNALED,
+        },
+        SendWr {
+            wr_id: 2,
+            op: SendOp::RdmaWriteWithImm { remote_addr: b.buf.addr_at(30000), rkey: b.buf.rkey(), imm: 77 },
+            sg_list: &[a.buf.sge(0, 1000), a.buf.sge(5000, 2000)],
+            flags: SendFlags::SIGNALED,
+        },
+        SendWr {
+            wr_id: 3,
+            op: SendOp::RdmaWrite { remote_addr: b.buf.addr_at(40000), rkey: b.buf.rkey() },
+            sg_list: &[a.buf.sge(0, 5)],
+            flags: SendFlags { inline: true, signaled: true, ..SendFlags::default() },
+        },
+    ];
+    a.qp.post_send(&wrs).unwrap();
+    let mut now = Instant::ZERO;
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    assert!(run_until(&[&a.dev, &b.dev], &mut now, 10_000, |_| {
+        poll_all(&a.cq, &mut wa);
+        poll_all(&b.cq, &mut wb);
+        wa.len() == 3 && wb.len() == 2
+    }));
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    assert_eq!(
+        wa.iter().map(|w| w.opcode).collect::<Vec<_>>(),
+        [WcOpcode::Send, WcOpcode::RdmaWrite, WcOpcode::RdmaWrite]
+    );
+    assert_eq!((wb[0].byte_len, wb[0].imm_data, wb[0].opcode), (3000, Some(0xabcd), WcOpcode::Recv));
+    assert_eq!((wb[1].byte_len, wb[1].imm_data, wb[1].opcode), (3000, Some(77), WcOpcode::RecvRdmaWithImm));
+    let mut got = b.buf.buf().to_vec(0, 10).unwrap();
+    got.extend(b.buf.buf().to_vec(100, 1990).unwrap());
+    got.extend(b.buf.buf().to_vec(9000, 1000).unwrap());
+    assert_eq!(got, data);
+    assert_eq!(b.buf.buf().to_vec(30000, 3000).unwrap(), data);
+    assert_eq!(b.buf.buf().to_vec(40000, 5).unwrap(), data[..5]);
+    // 3000 bytes at MTU 256 = 12 packets per message.
+    assert!(a.dev.stats().tx_packets >= 25);
+}
+
+#[test]
+fn first_packet_in_rtr_raises_comm_est() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, config(s), 4096);
+    let b = node(&net, 2, config(s + 1), 4096);
+    // b stays in RTR, as a passive side whose RTU has not arrived.
+    to_rtr(&a.qp, &b.qp, b.dev.ip(), 100, RC);
+    to_rtr(&b.qp, &a.qp, a.dev.ip(), 200, RC);
+    to_rts(&a.qp, 200, RC);
+    b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &[b.buf.sge(0, 64)] }]).unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: &[a.buf.sge(0, 8)],
+        flags: SendFlags::SIGNALED,
+    }])
+    .unwrap();
+    let mut now = Instant::ZERO;
+    let mut wb = Vec::new();
+    assert!(run_until(&[&a.dev, &b.dev], &mut now, 1000, |_| {
+        poll_all(&b.cq, &mut wb);
+        !wb.is_empty()
+    }));
+    assert_eq!(b.dev.poll_async_event(), Some(AsyncEvent::CommEst { qp_num: b.qp.qp_num() }));
+    assert_eq!(b.dev.poll_async_event(), None, "raised once");
+    assert_eq!(b.qp.state(), QpState::Rtr);
+    // RTR refuses sends; the transition to RTS is the consumer's job.
+    assert!(
+        b.qp.post_send(&[SendWr { wr_id: 1, op: SendOp::Send, sg_list: &[], flags: SendFlags::SIGNALED }])
+            .is_err()
+    );
+    to_rts(&b.qp, 100, RC);
+}
+
+#[test]
+fn sizes_are_clamped_to_device_limits() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::ZERO);
+    let limits = SoftLimits {
+        max_cqe: 1000,
+        max_qp_wr: 100,
+        max_sge: 3,
+        max_inline_data: 32,
+        ..SoftLimits::default()
+    };
+    let dev = SoftDevice::open_sim(&net, ip(1), SoftConfig { limits, ..config(s) });
+    assert_eq!(dev.create_cq(5).unwrap().cqe(), 8, "rounded up");
+    assert_eq!(dev.create_cq(5000).unwrap().cqe(), 1000, "clamped to max_cqe");
+    assert!(dev.create_cq(0).is_err());
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let cap =
+        QpCaps { max_send_wr: 500, max_recv_wr: 50, max_send_sge: 8, max_recv_sge: 1, max_inline_data: 4096 };
+    let qp = dev.create_qp(&pd, &cq, &cq, &QpInitAttr { cap, sq_sig_all: false }).unwrap();
+    assert_eq!(
+        qp.caps(),
+        QpCaps { max_send_wr: 100, max_recv_wr: 50, max_send_sge: 3, max_recv_sge: 1, max_inline_data: 32 }
+    );
+    assert_eq!(dev.query_device().max_qp_wr, 100);
+}
+
+#[test]
+fn qp_creation_fails_when_the_wqe_budget_is_spent_and_succeeds_smaller() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::ZERO);
+    let limits = SoftLimits { wqe_budget: 1000, ..SoftLimits::default() };
+    let dev = SoftDevice::open_sim(&net, ip(1), SoftConfig { limits, ..config(s) });
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let attr = |q: u32| QpInitAttr {
+        cap: QpCaps {
+            max_send_wr: q,
+            max_recv_wr: 2 * q + 2,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: false,
+    };
+    let first = dev.create_qp(&pd, &cq, &cq, &attr(200)).unwrap(); // 602 WQEs
+    let err = dev.create_qp(&pd, &cq, &cq, &attr(200)).unwrap_err();
+    assert!(err.is_resource(), "{err}");
+    // o2iblnd's loop: shrink the queue depth until the device accepts it.
+    let mut q = 200;
+    let second = loop {
+        match dev.create_qp(&pd, &cq, &cq, &attr(q)) {
+            Ok(qp) => break qp,
+            Err(e) if e.is_resource() && q > 2 => q -= 1,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(q, 132, "3q + 2 <= 398");
+    assert_eq!(dev.live_counts().wqes, 1000);
+    drop(first);
+    drop(second);
+    assert_eq!(dev.live_counts().wqes, 0);
+    assert_eq!(dev.live_counts().qps, 0);
+}
+
+#[test]
+fn mads_go_to_qp1_and_back() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = SoftDevice::open_sim(&net, ip(1), config(s));
+    let b = SoftDevice::open_sim(&net, ip(2), config(s + 1));
+    let mut req = [0u8; 256];
+    req[0] = 1;
+    req[1] = 7;
+    req[255] = 0xaa;
+    a.send_mad(&PortAddr::from_ipv4(ip(2)), &req).unwrap();
+    let mut now = Instant::ZERO;
+    let mut got = None;
+    assert!(run_until(&[&a, &b], &mut now, 100, |_| {
+        got = got.or_else(|| b.recv_mad());
+        got.is_some()
+    }));
+    let (from, mad) = got.unwrap();
+    assert_eq!((from, mad), (PortAddr::from_ipv4(ip(1)), req));
+    let mut rep = mad;
+    rep[255] = 0xbb;
+    b.send_mad(&from, &rep).unwrap();
+    let mut back = None;
+    assert!(run_until(&[&a, &b], &mut now, 100, |_| {
+        back = back.or_else(|| a.recv_mad());
+        back.is_some()
+    }));
+    assert_eq!(back.unwrap().1[255], 0xbb);
+    assert_eq!((a.stats().mads_sent, a.stats().mads_received), (1, 1));
+}
+
+#[test]
+fn modify_to_err_flushes_receives_and_objects_do_not_leak() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::ZERO);
+    let dev;
+    {
+        let a = node(&net, 1, config(s), 4096);
+        let b = node(&net, 2, config(s + 1), 4096);
+        connect(&a, &b, RC);
+        for i in 0..3 {
+            a.qp.post_recv(&[RecvWr { wr_id: i, sg_list: &[a.buf.sge(0, 64)] }]).unwrap();
+        }
+        a.qp.modify(&QpModify::Err).unwrap();
+        let mut w = Vec::new();
+        poll_all(&a.cq, &mut w);
+        assert_eq!(
+            w.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            (0..3).map(|i| (i, WcStatus::WrFlushErr)).collect::<Vec<_>>()
+        );
+        assert!(
+            a.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: RW }).is_err(),
+            "ERR -> INIT is illegal"
+        );
+        a.qp.modify(&QpModify::Reset).unwrap();
+        a.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: RW }).unwrap();
+        dev = a.dev.clone();
+        assert_eq!(dev.live_counts(), LiveCounts { qps: 1, mrs: 1, cqs: 1, pds: 1, wqes: 1024 });
+    }
+    assert_eq!(dev.live_counts(), LiveCounts::default());
+}
+
+#[test]
+fn cq_overrun_raises_cq_err_and_kills_its_qps() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, config(s), 4096);
+    let dev_b = SoftDevice::open_sim(&net, ip(2), config(s + 1));
+    let pd = dev_b.alloc_pd().unwrap();
+    let tiny = dev_b.create_cq(2).unwrap();
+    let cap = QpCaps { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qp = dev_b.create_qp(&pd, &tiny, &tiny, &QpInitAttr { cap, sq_sig_all: false }).unwrap();
+    let buf = RegisteredBuf::new(&dev_b, &pd, 4096, RW).unwrap();
+    let b = Node { dev: dev_b, pd, cq: tiny, qp, buf };
+    connect(&a, &b, RC);
+    for i in 0..4 {
+        b.qp.post_recv(&[RecvWr { wr_id: i, sg_list: &[b.buf.sge(0, 64)] }]).unwrap();
+        a.qp.post_send(&[SendWr { wr_id: i, op: SendOp::Send, sg_list: &[], flags: SendFlags::UNSIGNALED }])
+            .unwrap();
+    }
+    let mut now = Instant::ZERO;
+    assert!(run_until(&[&a.dev, &b.dev], &mut now, 1000, |_| b.qp.state() == QpState::Err));
+    assert_eq!(b.dev.poll_async_event(), Some(AsyncEvent::CqErr { cq_id: b.cq.id() }));
+    assert_eq!(b.dev.poll_async_event(), Some(AsyncEvent::QpFatal { qp_num: b.qp.qp_num() }));
+}
+
+#[test]
+fn posting_checks_state_queue_depth_and_sges() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::ZERO);
+    let a = node(&net, 1, config(s), 4096);
+    let b = node(&net, 2, config(s + 1), 4096);
+    let send = |n: usize| {
+        let sges = vec![a.buf.sge(0, 1); n];
+        a.qp.post_send(&[SendWr { wr_id: 0, op: SendOp::Send, sg_list: &sges, flags: SendFlags::SIGNALED }])
+    };
+    assert!(send(1).is_err(), "RESET refuses sends");
+    assert!(a.qp.post_recv(&[RecvWr { wr_id: 0, sg_list: &[] }]).is_err(), "RESET refuses receives");
+    connect(&a, &b, RC);
+    assert!(matches!(send(5), Err(FabricError::Post { index: 0, .. })), "4 SGEs max");
+    for _ in 0..512 {
+        send(1).unwrap();
+    }
+    assert!(matches!(send(1), Err(FabricError::Post { .. })), "send queue full");
+    let big = SendWr {
+        wr_id: 0,
+        op: SendOp::Send,
+        sg_list: &[a.buf.sge(0, 65)],
+        flags: SendFlags { inline: true, ..SendFlags::default() },
+    };
+    assert!(b.qp.post_send(&[big]).is_err(), "inline above max_inline_data");
+    let sge = Sge { addr: 0, length: 0, lkey: 0 };
+    assert!(b.qp.post_recv(&[RecvWr { wr_id: 0, sg_list: &[sge; 5] }]).is_err(), "4 SGEs max");
+}
