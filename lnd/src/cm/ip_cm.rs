@@ -23,12 +23,7 @@
 //!   and no data, and REQs for a Service ID nobody listens on with REJ 8.
 #![cfg_attr(
     not(test),
-    deny(
-        clippy::indexing_slicing,
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic
-    )
+    deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
 use std::net::Ipv4Addr;
@@ -157,10 +152,7 @@ impl CmaHeader {
 
 /// A REQ's 92 bytes of private data: the IP CM header, then `consumer` (at most 56 bytes),
 /// then zeros.
-pub fn req_private_data(
-    hdr: &CmaHeader,
-    consumer: &[u8],
-) -> Result<[u8; REQ_PRIVATE_DATA_LEN], MadError> {
+pub fn req_private_data(hdr: &CmaHeader, consumer: &[u8]) -> Result<[u8; REQ_PRIVATE_DATA_LEN], MadError> {
     if consumer.len() > REQ_CONSUMER_DATA_LEN {
         return Err(MadError::ConsumerDataTooLong(consumer.len()));
     }
@@ -178,12 +170,10 @@ pub fn split_req_private_data(
 ) -> Result<(CmaHeader, &[u8; REQ_CONSUMER_DATA_LEN]), MadError> {
     // Neither conversion can fail (92 = 36 + 56); a failure would be reported as a
     // truncation rather than a panic all the same.
-    let (head, tail) = pd
-        .split_first_chunk::<CMA_HEADER_LEN>()
-        .ok_or(MadError::Truncated(pd.len()))?;
+    let (head, tail) = pd.split_first_chunk::<CMA_HEADER_LEN>().ok_or(MadError::Truncated(pd.len()))?;
     let hdr = CmaHeader::decode(head)?;
-    let consumer = <&[u8; REQ_CONSUMER_DATA_LEN]>::try_from(tail)
-        .map_err(|_| MadError::Truncated(pd.len()))?;
+    let consumer =
+        <&[u8; REQ_CONSUMER_DATA_LEN]>::try_from(tail).map_err(|_| MadError::Truncated(pd.len()))?;
     Ok((hdr, consumer))
 }
 
@@ -198,10 +188,7 @@ mod tests {
     fn service_ids() {
         assert_eq!(ip_service_id(PortSpace::Tcp, 987), 0x0000_0000_0106_03DB);
         assert_eq!(ip_service_id(PortSpace::Udp, 0), 0x0000_0000_0111_0000);
-        assert_eq!(
-            ip_service_id(PortSpace::Ib, u16::MAX),
-            0x0000_0000_013F_FFFF
-        );
+        assert_eq!(ip_service_id(PortSpace::Ib, u16::MAX), 0x0000_0000_013F_FFFF);
         assert_eq!(ip_service_id(PortSpace::Ipoib, 1), 0x0000_0000_0002_0001);
         for space in [PortSpace::Tcp, PortSpace::Udp, PortSpace::Ib] {
             for port in [0, 1, 987, u16::MAX] {
@@ -210,16 +197,10 @@ mod tests {
                 assert_eq!(PortSpace::from_code(space.code()), Some(space));
             }
         }
-        assert_eq!(
-            PortSpace::from_code(PortSpace::Ipoib.code()),
-            Some(PortSpace::Ipoib)
-        );
+        assert_eq!(PortSpace::from_code(PortSpace::Ipoib.code()), Some(PortSpace::Ipoib));
         assert_eq!(PortSpace::from_code(0x0107), None);
         // IPoIB Service IDs are outside the IP CM prefix.
-        assert_eq!(
-            parse_ip_service_id(ip_service_id(PortSpace::Ipoib, 987)),
-            None
-        );
+        assert_eq!(parse_ip_service_id(ip_service_id(PortSpace::Ipoib, 987)), None);
         // Wrong prefix, unknown space.
         assert_eq!(parse_ip_service_id(0x0000_0001_0106_03DB), None);
         assert_eq!(parse_ip_service_id(0x1000_0000_0106_03DB), None);
@@ -243,28 +224,17 @@ mod tests {
 
     #[test]
     fn cma_header_layout() {
-        let h = CmaHeader {
-            src_port: 1023,
-            src: SRC,
-            dst: DST,
-        };
+        let h = CmaHeader { src_port: 1023, src: SRC, dst: DST };
         assert_eq!(h.encode(), expected_header());
         assert_eq!(CmaHeader::decode(&expected_header()), Ok(h));
-        let extreme = CmaHeader {
-            src_port: u16::MAX,
-            src: Ipv4Addr::BROADCAST,
-            dst: Ipv4Addr::UNSPECIFIED,
-        };
+        let extreme = CmaHeader { src_port: u16::MAX, src: Ipv4Addr::BROADCAST, dst: Ipv4Addr::UNSPECIFIED };
         assert_eq!(CmaHeader::decode(&extreme.encode()), Ok(extreme));
     }
 
     #[test]
     fn cma_header_errors() {
         let good = expected_header();
-        assert_eq!(
-            CmaHeader::decode(&good[..35]),
-            Err(MadError::CmaHeaderLength(35))
-        );
+        assert_eq!(CmaHeader::decode(&good[..35]), Err(MadError::CmaHeaderLength(35)));
         assert_eq!(CmaHeader::decode(&[]), Err(MadError::CmaHeaderLength(0)));
         let mut long = good.to_vec();
         long.push(0);
@@ -290,11 +260,7 @@ mod tests {
 
     #[test]
     fn req_private_data_layout() {
-        let h = CmaHeader {
-            src_port: 1023,
-            src: SRC,
-            dst: DST,
-        };
+        let h = CmaHeader { src_port: 1023, src: SRC, dst: DST };
         let consumer: Vec<u8> = (1..=56).collect();
         let pd = req_private_data(&h, &consumer).unwrap();
         assert_eq!(pd[..36], expected_header());
@@ -309,32 +275,19 @@ mod tests {
         let pd = req_private_data(&h, &[]).unwrap();
         assert!(pd[36..].iter().all(|&b| b == 0));
 
-        assert_eq!(
-            req_private_data(&h, &[0; 57]),
-            Err(MadError::ConsumerDataTooLong(57))
-        );
-        assert_eq!(
-            req_private_data(&h, &[0; 200]),
-            Err(MadError::ConsumerDataTooLong(200))
-        );
+        assert_eq!(req_private_data(&h, &[0; 57]), Err(MadError::ConsumerDataTooLong(57)));
+        assert_eq!(req_private_data(&h, &[0; 200]), Err(MadError::ConsumerDataTooLong(200)));
     }
 
     #[test]
     fn split_errors() {
-        let h = CmaHeader {
-            src_port: 1,
-            src: SRC,
-            dst: DST,
-        };
+        let h = CmaHeader { src_port: 1, src: SRC, dst: DST };
         let mut pd = req_private_data(&h, b"x").unwrap();
         pd[1] = 0x60;
         assert_eq!(split_req_private_data(&pd), Err(MadError::CmaIpv6));
         pd[1] = 0x40;
         pd[0] = 1;
         assert_eq!(split_req_private_data(&pd), Err(MadError::CmaVersion(1)));
-        assert_eq!(
-            split_req_private_data(&[0; 92]),
-            Err(MadError::CmaIpVersion(0))
-        );
+        assert_eq!(split_req_private_data(&[0; 92]), Err(MadError::CmaIpVersion(0)));
     }
 }

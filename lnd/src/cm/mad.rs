@@ -48,12 +48,7 @@
 //! to people.
 #![cfg_attr(
     not(test),
-    deny(
-        clippy::indexing_slicing,
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::panic
-    )
+    deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
 use std::fmt;
@@ -741,22 +736,11 @@ impl PathRecord {
     /// The 44 bytes of this path; `alt` picks the field names used in errors.
     fn encode(&self, alt: bool) -> Result<[u8; PATH_LEN], MadError> {
         let name = |p: &'static str, a: &'static str| if alt { a } else { p };
-        let flow = fit(
-            name("primary_path.flow_label", "alternate_path.flow_label"),
-            self.flow_label,
-            20,
-        )?;
-        let rate = fit8(
-            name("primary_path.packet_rate", "alternate_path.packet_rate"),
-            self.packet_rate,
-            6,
-        )?;
+        let flow = fit(name("primary_path.flow_label", "alternate_path.flow_label"), self.flow_label, 20)?;
+        let rate = fit8(name("primary_path.packet_rate", "alternate_path.packet_rate"), self.packet_rate, 6)?;
         let sl = fit8(name("primary_path.sl", "alternate_path.sl"), self.sl, 4)?;
         let ack = fit8(
-            name(
-                "primary_path.local_ack_timeout",
-                "alternate_path.local_ack_timeout",
-            ),
+            name("primary_path.local_ack_timeout", "alternate_path.local_ack_timeout"),
             self.local_ack_timeout,
             5,
         )?;
@@ -964,17 +948,9 @@ impl Req {
         let qpn = fit("local_qpn", self.local_qpn, 24)?;
         let leecn = fit("local_eecn", self.local_eecn, 24)?;
         let reecn = fit("remote_eecn", self.remote_eecn, 24)?;
-        let rcrt = fit8(
-            "remote_cm_response_timeout",
-            self.remote_cm_response_timeout,
-            5,
-        )?;
+        let rcrt = fit8("remote_cm_response_timeout", self.remote_cm_response_timeout, 5)?;
         let psn = fit("starting_psn", self.starting_psn, 24)?;
-        let lcrt = fit8(
-            "local_cm_response_timeout",
-            self.local_cm_response_timeout,
-            5,
-        )?;
+        let lcrt = fit8("local_cm_response_timeout", self.local_cm_response_timeout, 5)?;
         let retry = fit8("retry_count", self.retry_count, 3)?;
         let rnr = fit8("rnr_retry_count", self.rnr_retry_count, 3)?;
         let cm_retries = fit8("max_cm_retries", self.max_cm_retries, 4)?;
@@ -994,16 +970,11 @@ impl Req {
         w.u32(D + 28, self.local_qkey);
         w.u32(D + 32, (qpn << 8) | u32::from(self.responder_resources));
         w.u32(D + 36, (leecn << 8) | u32::from(self.initiator_depth));
-        let b43 = (rcrt << 3)
-            | (self.transport_type.code() << 1)
-            | u8::from(self.end_to_end_flow_control);
+        let b43 = (rcrt << 3) | (self.transport_type.code() << 1) | u8::from(self.end_to_end_flow_control);
         w.u32(D + 40, (reecn << 8) | u32::from(b43));
         w.u32(D + 44, (psn << 8) | u32::from((lcrt << 3) | retry));
         w.u16(D + 48, self.pkey);
-        w.u8(
-            D + 50,
-            (self.path_mtu.code() << 4) | (u8::from(self.rdc_exists) << 3) | rnr,
-        );
+        w.u8(D + 50, (self.path_mtu.code() << 4) | (u8::from(self.rdc_exists) << 3) | rnr);
         w.u8(D + 51, (cm_retries << 4) | (u8::from(self.srq) << 3) | ext);
         w.bytes(D + 52, &primary);
         w.bytes(D + 96, &alternate);
@@ -1013,8 +984,7 @@ impl Req {
 
     fn decode_from(r: &Rd<'_>) -> Result<Req, MadError> {
         let tt = (r.u8(D + 43) >> 1) & 3;
-        let transport_type =
-            TransportType::from_code(tt).ok_or(MadError::InvalidTransportType(tt))?;
+        let transport_type = TransportType::from_code(tt).ok_or(MadError::InvalidTransportType(tt))?;
         let mtu_code = r.u8(D + 50) >> 4;
         let path_mtu = Mtu::from_code(mtu_code).ok_or(MadError::InvalidMtu(mtu_code))?;
         let alternate = PathRecord::decode(r, D + 96);
@@ -1042,11 +1012,7 @@ impl Req {
             srq: (r.u8(D + 51) >> 3) & 1 == 1,
             extended_transport_type: r.u8(D + 51) & 7,
             primary_path: PathRecord::decode(r, D + 52),
-            alternate_path: if alternate.is_zero() {
-                None
-            } else {
-                Some(alternate)
-            },
+            alternate_path: if alternate.is_zero() { None } else { Some(alternate) },
             sap_supported: (r.u8(D + 139) >> 2) & 1 == 1,
             private_data: r.array(D + 140),
         })
@@ -1128,9 +1094,7 @@ impl Rep {
         w.u8(D + 25, self.initiator_depth);
         w.u8(
             D + 26,
-            (delay << 3)
-                | (self.failover_accepted.code() << 1)
-                | u8::from(self.end_to_end_flow_control),
+            (delay << 3) | (self.failover_accepted.code() << 1) | u8::from(self.end_to_end_flow_control),
         );
         w.u8(D + 27, (rnr << 5) | (u8::from(self.srq) << 4));
         w.u64(D + 28, self.local_ca_guid);
@@ -1176,11 +1140,7 @@ pub struct Rtu {
 impl Default for Rtu {
     /// All fields zero.
     fn default() -> Rtu {
-        Rtu {
-            local_comm_id: 0,
-            remote_comm_id: 0,
-            private_data: [0; RTU_PRIVATE_DATA_LEN],
-        }
+        Rtu { local_comm_id: 0, remote_comm_id: 0, private_data: [0; RTU_PRIVATE_DATA_LEN] }
     }
 }
 
@@ -1192,11 +1152,7 @@ impl Rtu {
     }
 
     fn decode_from(r: &Rd<'_>) -> Rtu {
-        Rtu {
-            local_comm_id: r.u32(D),
-            remote_comm_id: r.u32(D + 4),
-            private_data: r.array(D + 8),
-        }
+        Rtu { local_comm_id: r.u32(D), remote_comm_id: r.u32(D + 4), private_data: r.array(D + 8) }
     }
 }
 
@@ -1237,9 +1193,7 @@ impl Default for Rej {
 impl Rej {
     /// The meaningful part of the ARI.
     pub fn ari_bytes(&self) -> &[u8] {
-        self.ari
-            .get(..usize::from(self.reject_info_length))
-            .unwrap_or(&self.ari)
+        self.ari.get(..usize::from(self.reject_info_length)).unwrap_or(&self.ari)
     }
 
     fn encode_into(&self, w: &mut Wr<'_>) -> Result<(), MadError> {
@@ -1258,8 +1212,7 @@ impl Rej {
 
     fn decode_from(r: &Rd<'_>) -> Result<Rej, MadError> {
         let mr = r.u8(D + 8) >> 6;
-        let message_rejected =
-            MessageRejected::from_code(mr).ok_or(MadError::InvalidMessageRejected(mr))?;
+        let message_rejected = MessageRejected::from_code(mr).ok_or(MadError::InvalidMessageRejected(mr))?;
         let reject_info_length = r.u8(D + 9) >> 1;
         if usize::from(reject_info_length) > REJ_ARI_LEN {
             return Err(MadError::InvalidRejectInfoLength(reject_info_length));
@@ -1317,8 +1270,7 @@ impl Mra {
 
     fn decode_from(r: &Rd<'_>) -> Result<Mra, MadError> {
         let code = r.u8(D + 8) >> 6;
-        let message_mraed =
-            MessageMraed::from_code(code).ok_or(MadError::InvalidMessageMraed(code))?;
+        let message_mraed = MessageMraed::from_code(code).ok_or(MadError::InvalidMessageMraed(code))?;
         Ok(Mra {
             local_comm_id: r.u32(D),
             remote_comm_id: r.u32(D + 4),
@@ -1345,12 +1297,7 @@ pub struct Dreq {
 impl Default for Dreq {
     /// All fields zero.
     fn default() -> Dreq {
-        Dreq {
-            local_comm_id: 0,
-            remote_comm_id: 0,
-            remote_qpn: 0,
-            private_data: [0; DREQ_PRIVATE_DATA_LEN],
-        }
+        Dreq { local_comm_id: 0, remote_comm_id: 0, remote_qpn: 0, private_data: [0; DREQ_PRIVATE_DATA_LEN] }
     }
 }
 
@@ -1388,11 +1335,7 @@ pub struct Drep {
 impl Default for Drep {
     /// All fields zero.
     fn default() -> Drep {
-        Drep {
-            local_comm_id: 0,
-            remote_comm_id: 0,
-            private_data: [0; DREP_PRIVATE_DATA_LEN],
-        }
+        Drep { local_comm_id: 0, remote_comm_id: 0, private_data: [0; DREP_PRIVATE_DATA_LEN] }
     }
 }
 
@@ -1404,11 +1347,7 @@ impl Drep {
     }
 
     fn decode_from(r: &Rd<'_>) -> Drep {
-        Drep {
-            local_comm_id: r.u32(D),
-            remote_comm_id: r.u32(D + 4),
-            private_data: r.array(D + 8),
-        }
+        Drep { local_comm_id: r.u32(D), remote_comm_id: r.u32(D + 4), private_data: r.array(D + 8) }
     }
 }
 
@@ -1541,10 +1480,7 @@ impl CmMad {
             }
             other => return Err(MadError::UnknownAttribute(other)),
         };
-        Ok(CmMad {
-            tid: header.tid,
-            msg,
-        })
+        Ok(CmMad { tid: header.tid, msg })
     }
 }
 
@@ -1553,11 +1489,7 @@ fn fit(field: &'static str, value: u32, bits: u8) -> Result<u32, MadError> {
     if value.checked_shr(u32::from(bits)).unwrap_or(0) == 0 {
         Ok(value)
     } else {
-        Err(MadError::FieldOutOfRange {
-            field,
-            value: u64::from(value),
-            bits,
-        })
+        Err(MadError::FieldOutOfRange { field, value: u64::from(value), bits })
     }
 }
 
@@ -1566,11 +1498,7 @@ fn fit8(field: &'static str, value: u8, bits: u8) -> Result<u8, MadError> {
     if value.checked_shr(u32::from(bits)).unwrap_or(0) == 0 {
         Ok(value)
     } else {
-        Err(MadError::FieldOutOfRange {
-            field,
-            value: u64::from(value),
-            bits,
-        })
+        Err(MadError::FieldOutOfRange { field, value: u64::from(value), bits })
     }
 }
 
@@ -1609,10 +1537,7 @@ pub(crate) struct Rd<'a>(pub(crate) &'a [u8]);
 
 impl Rd<'_> {
     pub(crate) fn array<const N: usize>(&self, off: usize) -> [u8; N] {
-        self.0
-            .get(off..off.saturating_add(N))
-            .and_then(|s| <[u8; N]>::try_from(s).ok())
-            .unwrap_or([0; N])
+        self.0.get(off..off.saturating_add(N)).and_then(|s| <[u8; N]>::try_from(s).ok()).unwrap_or([0; N])
     }
 
     pub(crate) fn u8(&self, off: usize) -> u8 {
@@ -1635,9 +1560,7 @@ impl Rd<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cm::ip_cm::{
-        CmaHeader, PortSpace, ip_service_id, req_private_data, split_req_private_data,
-    };
+    use crate::cm::ip_cm::{CmaHeader, PortSpace, ip_service_id, req_private_data, split_req_private_data};
 
     /// Copies `bytes` into the expected image at MAD offset `off`.
     fn put(e: &mut Mad, off: usize, bytes: &[u8]) {
@@ -1678,11 +1601,7 @@ mod tests {
     fn req_roce_image() {
         let local = ip(192, 168, 1, 2);
         let remote = ip(192, 168, 1, 1);
-        let cma = CmaHeader {
-            src_port: 40000,
-            src: local,
-            dst: remote,
-        };
+        let cma = CmaHeader { src_port: 40000, src: local, dst: remote };
         let consumer = lnet_consumer_data();
         let pd = req_private_data(&cma, &consumer).unwrap();
         let req = Req::roce_defaults(RoceReqParams {
@@ -1708,11 +1627,7 @@ mod tests {
         put(&mut e, 24, &[0x12, 0x34, 0x56, 0x78]); // 24+0 Local Comm ID
         // 24+4 reserved
         put(&mut e, 24 + 8, &[0, 0, 0, 0, 0x01, 0x06, 0x03, 0xDB]); // 24+8 Service ID, TCP 987
-        put(
-            &mut e,
-            24 + 16,
-            &[0x02, 0x00, 0x5e, 0xff, 0xfe, 0x00, 0x01, 0x02],
-        ); // CA GUID
+        put(&mut e, 24 + 16, &[0x02, 0x00, 0x5e, 0xff, 0xfe, 0x00, 0x01, 0x02]); // CA GUID
         // 24+24 reserved; 24+28 Local Q_Key = 0
         put(&mut e, 24 + 32, &[0x00, 0x00, 0x11, 0x00]); // Local QPN 0x11, Responder Res. 0
         // 24+36 Local EECN 0, Initiator Depth 0; 24+40 Remote EECN 0
@@ -1724,16 +1639,8 @@ mod tests {
         e[24 + 51] = 0xF0; // Max CM Retries 15<<4 | SRQ 0<<3 | Extended Transport Type 0
         put(&mut e, 24 + 52, &[0xFF, 0xFF]); // Primary Local Port LID (permissive)
         put(&mut e, 24 + 54, &[0xFF, 0xFF]); // Primary Remote Port LID
-        put(
-            &mut e,
-            24 + 56,
-            &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 1, 2],
-        );
-        put(
-            &mut e,
-            24 + 72,
-            &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 1, 1],
-        );
+        put(&mut e, 24 + 56, &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 1, 2]);
+        put(&mut e, 24 + 72, &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 1, 1]);
         // 24+88 Flow Label 0, Packet Rate 0; 24+92 Traffic Class 0
         e[24 + 93] = 64; // Hop Limit
         // 24+94 SL 0, Subnet Local 0
@@ -1751,9 +1658,7 @@ mod tests {
         assert_eq!(mad.encode().unwrap(), e);
         let back = CmMad::decode(&e).unwrap();
         assert_eq!(back, mad);
-        let CmMessage::Req(r) = back.msg else {
-            panic!("not a REQ")
-        };
+        let CmMessage::Req(r) = back.msg else { panic!("not a REQ") };
         let (h, c) = split_req_private_data(&r.private_data).unwrap();
         assert_eq!(h, cma);
         assert_eq!(c, &consumer);
@@ -1794,11 +1699,7 @@ mod tests {
         e[24 + 25] = 2; // Initiator Depth
         e[24 + 26] = 0x7B; // Target ACK Delay 15<<3 | Failover Accepted 1<<1 | E2E 1
         e[24 + 27] = 0xE0; // RNR Retry Count 7<<5 | SRQ 0<<4
-        put(
-            &mut e,
-            24 + 28,
-            &[0x02, 0x00, 0x5e, 0xff, 0xfe, 0x00, 0x01, 0x01],
-        ); // CA GUID
+        put(&mut e, 24 + 28, &[0x02, 0x00, 0x5e, 0xff, 0xfe, 0x00, 0x01, 0x01]); // CA GUID
         put(&mut e, 24 + 36, &[0x91, 0x1b, 0xe9, 0x0b]); // Private Data (196)
         e[24 + 36 + 195] = 0xEE; // last private byte = last MAD byte
         assert_eq!(24 + 36 + 195, 255);
@@ -1903,11 +1804,7 @@ mod tests {
 
         let drep = CmMad::new(
             8,
-            CmMessage::Drep(Drep {
-                local_comm_id: 3,
-                remote_comm_id: 4,
-                ..Default::default()
-            }),
+            CmMessage::Drep(Drep { local_comm_id: 3, remote_comm_id: 4, ..Default::default() }),
         );
         let mut e: Mad = [0; 256];
         header(&mut e, 8, 0x0016);
@@ -2025,16 +1922,10 @@ mod tests {
 
     fn all_min() -> Vec<CmMessage> {
         vec![
-            CmMessage::Req(Req {
-                path_mtu: Mtu::Mtu256,
-                ..Req::default()
-            }),
+            CmMessage::Req(Req { path_mtu: Mtu::Mtu256, ..Req::default() }),
             CmMessage::Rep(Rep::default()),
             CmMessage::Rtu(Rtu::default()),
-            CmMessage::Rej(Rej {
-                reason: RejReason::Other(0),
-                ..Rej::default()
-            }),
+            CmMessage::Rej(Rej { reason: RejReason::Other(0), ..Rej::default() }),
             CmMessage::Mra(Mra::default()),
             CmMessage::Dreq(Dreq::default()),
             CmMessage::Drep(Drep::default()),
@@ -2054,43 +1945,16 @@ mod tests {
     #[test]
     fn roundtrip_every_enum_value() {
         for tt in [TransportType::Rc, TransportType::Uc, TransportType::Xrc] {
-            for mtu in [
-                Mtu::Mtu256,
-                Mtu::Mtu512,
-                Mtu::Mtu1024,
-                Mtu::Mtu2048,
-                Mtu::Mtu4096,
-            ] {
-                let m = CmMad::new(
-                    1,
-                    CmMessage::Req(Req {
-                        transport_type: tt,
-                        path_mtu: mtu,
-                        ..max_req()
-                    }),
-                );
+            for mtu in [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096] {
+                let m = CmMad::new(1, CmMessage::Req(Req { transport_type: tt, path_mtu: mtu, ..max_req() }));
                 assert_eq!(roundtrip(&m), m);
             }
         }
-        for fo in [
-            FailoverAccepted::Accepted,
-            FailoverAccepted::NotSupported,
-            FailoverAccepted::Rejected,
-        ] {
-            let m = CmMad::new(
-                1,
-                CmMessage::Rep(Rep {
-                    failover_accepted: fo,
-                    ..max_rep()
-                }),
-            );
+        for fo in [FailoverAccepted::Accepted, FailoverAccepted::NotSupported, FailoverAccepted::Rejected] {
+            let m = CmMad::new(1, CmMessage::Rep(Rep { failover_accepted: fo, ..max_rep() }));
             assert_eq!(roundtrip(&m), m);
         }
-        for mr in [
-            MessageRejected::Req,
-            MessageRejected::Rep,
-            MessageRejected::Other,
-        ] {
+        for mr in [MessageRejected::Req, MessageRejected::Rep, MessageRejected::Other] {
             for code in 0..=40u16 {
                 let m = CmMad::new(
                     1,
@@ -2104,13 +1968,7 @@ mod tests {
             }
         }
         for mm in [MessageMraed::Req, MessageMraed::Rep, MessageMraed::Lap] {
-            let m = CmMad::new(
-                1,
-                CmMessage::Mra(Mra {
-                    message_mraed: mm,
-                    ..Mra::default()
-                }),
-            );
+            let m = CmMad::new(1, CmMessage::Mra(Mra { message_mraed: mm, ..Mra::default() }));
             assert_eq!(roundtrip(&m), m);
         }
     }
@@ -2118,9 +1976,7 @@ mod tests {
     /// With every field at its maximum, exactly the non-reserved bits of a REQ are set.
     #[test]
     fn req_max_sets_exactly_the_defined_bits() {
-        let got = CmMad::new(u64::MAX, CmMessage::Req(max_req()))
-            .encode()
-            .unwrap();
+        let got = CmMad::new(u64::MAX, CmMessage::Req(max_req())).encode().unwrap();
         let mut e: Mad = [0xFF; 256];
         e[..24].copy_from_slice(&MadHeader::cm(u64::MAX, attr::REQ).encode());
         put(&mut e, 24 + 4, &[0; 4]); // reserved
@@ -2163,26 +2019,16 @@ mod tests {
 
     #[test]
     fn zero_alternate_path_is_none() {
-        let req = Req {
-            alternate_path: Some(PathRecord::default()),
-            ..Req::default()
-        };
+        let req = Req { alternate_path: Some(PathRecord::default()), ..Req::default() };
         let bytes = CmMad::new(1, CmMessage::Req(req)).encode().unwrap();
         assert!(bytes[24 + 96..24 + 140].iter().all(|&b| b == 0));
-        let CmMessage::Req(back) = CmMad::decode(&bytes).unwrap().msg else {
-            panic!()
-        };
+        let CmMessage::Req(back) = CmMad::decode(&bytes).unwrap().msg else { panic!() };
         assert_eq!(back.alternate_path, None);
         // The SAP bit alone does not make an alternate path.
-        let req = Req {
-            sap_supported: true,
-            ..Req::default()
-        };
+        let req = Req { sap_supported: true, ..Req::default() };
         let bytes = CmMad::new(1, CmMessage::Req(req.clone())).encode().unwrap();
         assert_eq!(bytes[24 + 139], 1 << 2);
-        let CmMessage::Req(back) = CmMad::decode(&bytes).unwrap().msg else {
-            panic!()
-        };
+        let CmMessage::Req(back) = CmMad::decode(&bytes).unwrap().msg else { panic!() };
         assert_eq!(back, req);
     }
 
@@ -2231,10 +2077,7 @@ mod tests {
         b[7] = 0xFF;
         b[18] = 0xFF;
         b[23] = 0xFF;
-        assert_eq!(
-            CmMad::decode(&b).unwrap(),
-            CmMad::new(9, CmMessage::Req(max_req()))
-        );
+        assert_eq!(CmMad::decode(&b).unwrap(), CmMad::new(9, CmMessage::Req(max_req())));
     }
 
     #[test]
@@ -2245,13 +2088,7 @@ mod tests {
             b[16..18].copy_from_slice(&a.to_be_bytes());
             CmMad::decode(&b)
         };
-        for a in [
-            attr::CLASS_PORT_INFO,
-            attr::SIDR_REQ,
-            attr::SIDR_REP,
-            attr::LAP,
-            attr::APR,
-        ] {
+        for a in [attr::CLASS_PORT_INFO, attr::SIDR_REQ, attr::SIDR_REP, attr::LAP, attr::APR] {
             assert_eq!(with_attr(a), Err(MadError::Unsupported(a)));
         }
         for a in [0x0000, 0x0002, 0x000F, 0x001B, 0x0100, 0xFFFF] {
@@ -2276,31 +2113,22 @@ mod tests {
         b[24 + 26] |= 3 << 1;
         assert_eq!(CmMad::decode(&b), Err(MadError::InvalidFailoverAccepted(3)));
 
-        let rej = CmMad::new(1, CmMessage::Rej(Rej::default()))
-            .encode()
-            .unwrap();
+        let rej = CmMad::new(1, CmMessage::Rej(Rej::default())).encode().unwrap();
         let mut b = rej;
         b[24 + 8] = 3 << 6;
         assert_eq!(CmMad::decode(&b), Err(MadError::InvalidMessageRejected(3)));
         for len in [73u8, 100, 127] {
             let mut b = rej;
             b[24 + 9] = len << 1;
-            assert_eq!(
-                CmMad::decode(&b),
-                Err(MadError::InvalidRejectInfoLength(len))
-            );
+            assert_eq!(CmMad::decode(&b), Err(MadError::InvalidRejectInfoLength(len)));
         }
         let mut b = rej;
         b[24 + 9] = (72 << 1) | 1; // the low bit is reserved
-        let CmMessage::Rej(r) = CmMad::decode(&b).unwrap().msg else {
-            panic!()
-        };
+        let CmMessage::Rej(r) = CmMad::decode(&b).unwrap().msg else { panic!() };
         assert_eq!(r.reject_info_length, 72);
         assert_eq!(r.ari_bytes().len(), 72);
 
-        let mra = CmMad::new(1, CmMessage::Mra(Mra::default()))
-            .encode()
-            .unwrap();
+        let mra = CmMad::new(1, CmMessage::Mra(Mra::default())).encode().unwrap();
         let mut b = mra;
         b[24 + 8] = 3 << 6;
         assert_eq!(CmMad::decode(&b), Err(MadError::InvalidMessageMraed(3)));
@@ -2319,50 +2147,26 @@ mod tests {
             ("local_qpn", |r| r.local_qpn = 0x100_0000),
             ("local_eecn", |r| r.local_eecn = 0x100_0000),
             ("remote_eecn", |r| r.remote_eecn = u32::MAX),
-            ("remote_cm_response_timeout", |r| {
-                r.remote_cm_response_timeout = 32
-            }),
+            ("remote_cm_response_timeout", |r| r.remote_cm_response_timeout = 32),
             ("starting_psn", |r| r.starting_psn = 0x100_0000),
-            ("local_cm_response_timeout", |r| {
-                r.local_cm_response_timeout = 255
-            }),
+            ("local_cm_response_timeout", |r| r.local_cm_response_timeout = 255),
             ("retry_count", |r| r.retry_count = 8),
             ("rnr_retry_count", |r| r.rnr_retry_count = 8),
             ("max_cm_retries", |r| r.max_cm_retries = 16),
             ("extended_transport_type", |r| r.extended_transport_type = 8),
-            ("primary_path.flow_label", |r| {
-                r.primary_path.flow_label = 0x10_0000
-            }),
-            ("primary_path.packet_rate", |r| {
-                r.primary_path.packet_rate = 64
-            }),
+            ("primary_path.flow_label", |r| r.primary_path.flow_label = 0x10_0000),
+            ("primary_path.packet_rate", |r| r.primary_path.packet_rate = 64),
             ("primary_path.sl", |r| r.primary_path.sl = 16),
-            ("primary_path.local_ack_timeout", |r| {
-                r.primary_path.local_ack_timeout = 32
-            }),
+            ("primary_path.local_ack_timeout", |r| r.primary_path.local_ack_timeout = 32),
             ("alternate_path.flow_label", |r| {
-                r.alternate_path = Some(PathRecord {
-                    flow_label: 0x10_0000,
-                    ..max_path()
-                })
+                r.alternate_path = Some(PathRecord { flow_label: 0x10_0000, ..max_path() })
             }),
             ("alternate_path.packet_rate", |r| {
-                r.alternate_path = Some(PathRecord {
-                    packet_rate: 0x40,
-                    ..max_path()
-                })
+                r.alternate_path = Some(PathRecord { packet_rate: 0x40, ..max_path() })
             }),
-            ("alternate_path.sl", |r| {
-                r.alternate_path = Some(PathRecord {
-                    sl: 16,
-                    ..max_path()
-                })
-            }),
+            ("alternate_path.sl", |r| r.alternate_path = Some(PathRecord { sl: 16, ..max_path() })),
             ("alternate_path.local_ack_timeout", |r| {
-                r.alternate_path = Some(PathRecord {
-                    local_ack_timeout: 32,
-                    ..max_path()
-                })
+                r.alternate_path = Some(PathRecord { local_ack_timeout: 32, ..max_path() })
             }),
         ];
         for (field, edit) in req_cases {
@@ -2384,44 +2188,17 @@ mod tests {
             assert_eq!(field_err(CmMessage::Rep(r)), Some(*field));
         }
         assert_eq!(
-            field_err(CmMessage::Mra(Mra {
-                service_timeout: 32,
-                ..Mra::default()
-            })),
+            field_err(CmMessage::Mra(Mra { service_timeout: 32, ..Mra::default() })),
             Some("service_timeout")
         );
         assert_eq!(
-            field_err(CmMessage::Dreq(Dreq {
-                remote_qpn: 0x100_0000,
-                ..Dreq::default()
-            })),
+            field_err(CmMessage::Dreq(Dreq { remote_qpn: 0x100_0000, ..Dreq::default() })),
             Some("remote_qpn")
         );
-        let err = CmMad::new(
-            0,
-            CmMessage::Rej(Rej {
-                reject_info_length: 73,
-                ..Rej::default()
-            }),
-        )
-        .encode();
+        let err = CmMad::new(0, CmMessage::Rej(Rej { reject_info_length: 73, ..Rej::default() })).encode();
         assert_eq!(err, Err(MadError::InvalidRejectInfoLength(73)));
-        let err = CmMad::new(
-            0,
-            CmMessage::Req(Req {
-                local_qpn: 0x123_4567,
-                ..Req::default()
-            }),
-        )
-        .encode();
-        assert_eq!(
-            err,
-            Err(MadError::FieldOutOfRange {
-                field: "local_qpn",
-                value: 0x123_4567,
-                bits: 24
-            })
-        );
+        let err = CmMad::new(0, CmMessage::Req(Req { local_qpn: 0x123_4567, ..Req::default() })).encode();
+        assert_eq!(err, Err(MadError::FieldOutOfRange { field: "local_qpn", value: 0x123_4567, bits: 24 }));
         // A RoCE REQ built with a bad QPN fails to encode rather than truncating.
         let p = RoceReqParams {
             local_comm_id: 1,
@@ -2439,19 +2216,13 @@ mod tests {
             rnr_retry_count: 7,
             private_data: [0; 92],
         };
-        assert_eq!(
-            field_err(CmMessage::Req(Req::roce_defaults(p))),
-            Some("local_qpn")
-        );
+        assert_eq!(field_err(CmMessage::Req(Req::roce_defaults(p))), Some("local_qpn"));
     }
 
     #[test]
     fn roce_defaults_and_path_rule() {
         let p = PathRecord::roce(ip(10, 0, 0, 1), ip(10, 0, 0, 2), 64);
-        assert_eq!(
-            (p.local_lid, p.remote_lid, p.subnet_local),
-            (0xFFFF, 0xFFFF, false)
-        );
+        assert_eq!((p.local_lid, p.remote_lid, p.subnet_local), (0xFFFF, 0xFFFF, false));
         assert_eq!(p.local_gid.to_ipv4(), Some(ip(10, 0, 0, 1)));
         assert_eq!(p.remote_gid.to_ipv4(), Some(ip(10, 0, 0, 2)));
         let p = PathRecord::roce(ip(10, 0, 0, 1), ip(10, 0, 0, 2), 1);
@@ -2502,15 +2273,9 @@ mod tests {
         assert_eq!(RejReason::from_u16(12), RejReason::InvalidGid);
         assert_eq!(RejReason::from_u16(28), RejReason::ConsumerDefined);
         assert_eq!(RejReason::from_u16(35), RejReason::VendorOptionNotSupported);
-        assert_eq!(
-            RejReason::ConsumerDefined.to_string(),
-            "Consumer Reject (28)"
-        );
+        assert_eq!(RejReason::ConsumerDefined.to_string(), "Consumer Reject (28)");
         assert_eq!(RejReason::StaleConn.to_string(), "Stale connection (10)");
-        assert_eq!(
-            RejReason::Other(34).to_string(),
-            "Unknown reject reason (34)"
-        );
+        assert_eq!(RejReason::Other(34).to_string(), "Unknown reject reason (34)");
     }
 
     #[test]
@@ -2600,11 +2365,7 @@ mod tests {
                 srq: rng.next() & 1 == 1,
                 extended_transport_type: rng.bits(3) as u8,
                 primary_path: random_path(rng),
-                alternate_path: if rng.next() & 1 == 1 {
-                    Some(random_path(rng))
-                } else {
-                    None
-                },
+                alternate_path: if rng.next() & 1 == 1 { Some(random_path(rng)) } else { None },
                 sap_supported: rng.next() & 1 == 1,
                 private_data: rng.arr(),
             }),
@@ -2625,11 +2386,7 @@ mod tests {
                 local_ca_guid: rng.next(),
                 private_data: rng.arr(),
             }),
-            2 => CmMessage::Rtu(Rtu {
-                local_comm_id: lc,
-                remote_comm_id: rc,
-                private_data: rng.arr(),
-            }),
+            2 => CmMessage::Rtu(Rtu { local_comm_id: lc, remote_comm_id: rc, private_data: rng.arr() }),
             3 => CmMessage::Rej(Rej {
                 local_comm_id: lc,
                 remote_comm_id: rc,
@@ -2652,11 +2409,7 @@ mod tests {
                 remote_qpn: rng.bits(24),
                 private_data: rng.arr(),
             }),
-            _ => CmMessage::Drep(Drep {
-                local_comm_id: lc,
-                remote_comm_id: rc,
-                private_data: rng.arr(),
-            }),
+            _ => CmMessage::Drep(Drep { local_comm_id: lc, remote_comm_id: rc, private_data: rng.arr() }),
         }
     }
 
@@ -2666,9 +2419,7 @@ mod tests {
         let mut rng = XorShift(SEED);
         for i in 0..5_000 {
             let m = CmMad::new(rng.next(), random_msg(&mut rng));
-            let bytes = m
-                .encode()
-                .unwrap_or_else(|e| panic!("seed {SEED:#x} iter {i}: {e}"));
+            let bytes = m.encode().unwrap_or_else(|e| panic!("seed {SEED:#x} iter {i}: {e}"));
             let back = CmMad::decode(&bytes);
             // A random alternate path is never all zero in practice; compare fully.
             assert_eq!(back.as_ref(), Ok(&m), "seed {SEED:#x} iter {i}");
@@ -2681,8 +2432,8 @@ mod tests {
     fn fuzz_decode_never_panics() {
         const SEED: u64 = 0x0123_4567_89AB_CDEF;
         const ATTRS: [u16; 14] = [
-            0x0001, 0x0010, 0x0011, 0x0012, 0x0013, 0x0014, 0x0015, 0x0016, 0x0017, 0x0018, 0x0019,
-            0x001A, 0x001B, 0x0000,
+            0x0001, 0x0010, 0x0011, 0x0012, 0x0013, 0x0014, 0x0015, 0x0016, 0x0017, 0x0018, 0x0019, 0x001A,
+            0x001B, 0x0000,
         ];
         let mut rng = XorShift(SEED);
         let mut ok = 0u32;
@@ -2696,9 +2447,7 @@ mod tests {
                 }
                 // A valid message with 1..=8 bits flipped.
                 1 => {
-                    let mut b = CmMad::new(rng.next(), random_msg(&mut rng))
-                        .encode()
-                        .unwrap();
+                    let mut b = CmMad::new(rng.next(), random_msg(&mut rng)).encode().unwrap();
                     for _ in 0..=rng.below(8) {
                         let bit = rng.below(256 * 8) as usize;
                         b[bit / 8] ^= 1 << (bit % 8);
@@ -2707,9 +2456,7 @@ mod tests {
                 }
                 // A valid message truncated or extended.
                 2 => {
-                    let b = CmMad::new(rng.next(), random_msg(&mut rng))
-                        .encode()
-                        .unwrap();
+                    let b = CmMad::new(rng.next(), random_msg(&mut rng)).encode().unwrap();
                     let mut v = b.to_vec();
                     if rng.next() & 1 == 1 {
                         v.truncate(rng.below(256) as usize);
@@ -2729,9 +2476,7 @@ mod tests {
                 }
                 // A valid message with one random byte replaced.
                 _ => {
-                    let mut b = CmMad::new(rng.next(), random_msg(&mut rng))
-                        .encode()
-                        .unwrap();
+                    let mut b = CmMad::new(rng.next(), random_msg(&mut rng)).encode().unwrap();
                     b[rng.below(256) as usize] = rng.byte();
                     b.to_vec()
                 }
@@ -2741,11 +2486,7 @@ mod tests {
                 let again = m.encode().unwrap_or_else(|e| {
                     panic!("seed {SEED:#x} iter {i}: decoded MAD does not re-encode: {e}")
                 });
-                assert_eq!(
-                    CmMad::decode(&again).as_ref(),
-                    Ok(&m),
-                    "seed {SEED:#x} iter {i}"
-                );
+                assert_eq!(CmMad::decode(&again).as_ref(), Ok(&m), "seed {SEED:#x} iter {i}");
                 if let CmMessage::Req(r) = &m.msg {
                     check_split(&r.private_data, SEED, i);
                 }
@@ -2760,18 +2501,15 @@ mod tests {
             }
             check_split(&pd, SEED, i);
         }
-        assert!(
-            ok > 10_000,
-            "seed {SEED:#x}: only {ok} buffers decoded; the fuzzer is too blunt"
-        );
+        assert!(ok > 10_000, "seed {SEED:#x}: only {ok} buffers decoded; the fuzzer is too blunt");
     }
 
     fn check_split(pd: &[u8; REQ_PRIVATE_DATA_LEN], seed: u64, i: u32) {
         if let Ok((hdr, consumer)) = split_req_private_data(pd) {
-            let rebuilt = req_private_data(&hdr, consumer)
-                .unwrap_or_else(|e| panic!("seed {seed:#x} iter {i}: {e}"));
-            let (h2, c2) = split_req_private_data(&rebuilt)
-                .unwrap_or_else(|e| panic!("seed {seed:#x} iter {i}: {e}"));
+            let rebuilt =
+                req_private_data(&hdr, consumer).unwrap_or_else(|e| panic!("seed {seed:#x} iter {i}: {e}"));
+            let (h2, c2) =
+                split_req_private_data(&rebuilt).unwrap_or_else(|e| panic!("seed {seed:#x} iter {i}: {e}"));
             assert_eq!((h2, c2), (hdr, consumer), "seed {seed:#x} iter {i}");
         }
     }
