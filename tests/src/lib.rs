@@ -1,1 +1,135 @@
-//! Shared harness for the end-to-end tests.
+//! Shared harness for the end-to-end tests: running processes with bounded waits.
+//!
+//! Waits are bounded without sleeping: a thread owns each child and reports its output on a
+//! channel; the test waits on the channel with a timeout and kills the child if it expires.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How a child process ended.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Exit status 0.
+    pub success: bool,
+    /// The exit code, if it exited (not killed by a signal).
+    pub code: Option<i32>,
+    /// Everything it wrote to stdout.
+    pub stdout: String,
+    /// Everything it wrote to stderr.
+    pub stderr: String,
+    /// Whether the harness killed it because the deadline passed.
+    pub timed_out: bool,
+}
+
+/// A started child whose output is being collected.
+pub struct Running {
+    pid: u32,
+    rx: mpsc::Receiver<Outcome>,
+}
+
+/// Starts `bin` with `args`, capturing stdout and stderr.
+///
+/// # Panics
+/// If the binary cannot be started (a broken test setup).
+pub fn spawn(bin: &str, args: &[&str]) -> Running {
+    spawn_with(Command::new(bin).args(args))
+}
+
+/// Starts a prepared command, capturing stdout and stderr.
+///
+/// # Panics
+/// If the command cannot be started (a broken test setup).
+pub fn spawn_with(cmd: &mut Command) -> Running {
+    let mut child: Child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut stdout = String::new();
+        let mut stderr = String::new();
+        let out = child.stdout.take();
+        let err = child.stderr.take();
+        let err_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut e) = err {
+                let _ = e.read_to_string(&mut s);
+            }
+            s
+        });
+        if let Some(mut o) = out {
+            let _ = o.read_to_string(&mut stdout);
+        }
+        stderr.push_str(&err_reader.join().unwrap_or_default());
+        let status = child.wait().ok();
+        let _ = tx.send(Outcome {
+            success: status.is_some_and(|s| s.success()),
+            code: status.and_then(|s| s.code()),
+            stdout,
+            stderr,
+            timed_out: false,
+        });
+    });
+    Running { pid, rx }
+}
+
+impl Running {
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Sends `signal` to the child.
+    pub fn signal(&self, signal: i32) {
+        let pid = libc::pid_t::try_from(self.pid).unwrap_or(0);
+        if pid > 0 {
+            // SAFETY: kill(2) takes plain integers; a stale pid at worst signals nothing.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+
+    /// Waits at most `timeout` for the child to exit; kills it (SIGKILL) if it does not.
+    pub fn wait(self, timeout: Duration) -> Outcome {
+        match self.rx.recv_timeout(timeout) {
+            Ok(o) => o,
+            Err(_) => {
+                self.signal(libc::SIGKILL);
+                let mut o = self.rx.recv_timeout(Duration::from_secs(10)).unwrap_or(Outcome {
+                    success: false,
+                    code: None,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    timed_out: true,
+                });
+                o.timed_out = true;
+                o
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the child to exit; `None` (child still running) otherwise.
+    pub fn try_wait_for(&self, timeout: Duration) -> Option<Outcome> {
+        self.rx.recv_timeout(timeout).ok()
+    }
+}
+
+/// Runs two instances of `bin` (the first started first), waits for both within `timeout`.
+pub fn run_pair(bin: &str, first: &[&str], second: &[&str], timeout: Duration) -> (Outcome, Outcome) {
+    let a = spawn(bin, first);
+    let b = spawn(bin, second);
+    let ob = b.wait(timeout);
+    let oa = a.wait(if ob.timed_out { Duration::from_secs(1) } else { timeout });
+    (oa, ob)
+}
+
+/// A UDP port for one test, distinct across concurrently running test processes: derived from
+/// the process id, plus `offset` for tests within one process.
+pub fn unique_port(offset: u16) -> u16 {
+    let slot = (std::process::id() % 5000) as u16;
+    20_000 + slot * 8 + offset % 8
+}
