@@ -1,1 +1,0 @@
-//! The `ko2iblnd` tunables (filled in by the tunables work).
