@@ -12,6 +12,7 @@
 
 pub mod clock;
 pub mod cm;
+pub mod credits;
 pub mod fabric;
 pub mod rng;
 pub mod time;

@@ -2,18 +2,27 @@
 //!
 //! It mirrors the kernel's split between LNet and its network drivers (LNDs): this crate owns
 //! NIDs, the LNet header, memory descriptors, match entries, events and LNet-level flow control;
-//! an LND (the `lnd` crate's o2iblnd) plugs in behind the [`lnd`] trait and moves the bytes.
-#![forbid(unsafe_code)]
+//! an LND (the `lnd` crate's o2iblnd) plugs in behind the [`Lnd`] trait and moves the bytes.
+//!
+//! `unsafe` is denied except in [`buffer`], which owns memory that devices write.
+#![deny(unsafe_code)]
 
+pub mod buffer;
 pub mod event;
 pub mod hdr;
+pub mod lnd;
 pub mod matching;
 pub mod nid;
 
+pub use buffer::{Buffer, OutOfRange, RegKeys};
 pub use event::{Errno, Event, EventCallback, EventKind, EventQueue, EventSink};
 pub use hdr::{
     AckMsg, GetMsg, HdrError, HelloMsg, LNET_HDR_SIZE, LnetHdr, LnetMsg, LnetMsgType, PutMsg, ReplyMsg,
     WireHandle,
+};
+pub use lnd::{
+    Frag, Health, Lnd, LndError, LndSend, LndUpcalls, PeerInfo, PeerState, RecvDisposition, SendStatus,
+    frags_len,
 };
 pub use matching::{
     ANY_PROCESS, DEFAULT_PORTALS, DropReason, InsertPos, MatchEntry, MatchError, MatchOp, MatchResult,

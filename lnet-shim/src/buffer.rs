@@ -1,0 +1,295 @@
+//! Buffers: memory an application hands to LNet and an LND may move by RDMA.
+//!
+//! A [`Buffer`] owns a page-aligned allocation that is only ever accessed by raw copies, never
+//! through Rust references to its bytes: a network device may write it from another context at
+//! any time the protocol allows (a receive, a peer's RDMA WRITE), exactly like memory shared with
+//! an HCA. Ordering between the device and the owner comes from the protocol (an event or a
+//! completion means the device is done with the bytes); overlapping concurrent access to the
+//! same bytes is a race the protocol above must prevent, as with real DMA.
+//!
+//! A buffer carries a small **registration cache**: an LND registers the buffer with its device
+//! once ([`Buffer::registration`]) and finds the keys there next time; the registration is
+//! dropped (deregistered) before the memory is freed, so no device can reach freed memory.
+#![allow(unsafe_code)]
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::any::Any;
+use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Alignment of every buffer: a page.
+pub const BUFFER_ALIGN: usize = 4096;
+
+/// An access outside a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("range {offset}+{len} is outside a buffer of {size} bytes")]
+pub struct OutOfRange {
+    /// Requested offset.
+    pub offset: usize,
+    /// Requested length.
+    pub len: usize,
+    /// Buffer size.
+    pub size: usize,
+}
+
+/// Keys of a registration a device made of a whole buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegKeys {
+    /// Local key (for the owner's gathers and scatters).
+    pub lkey: u32,
+    /// Remote key (for peers' RDMA WRITEs).
+    pub rkey: u32,
+}
+
+struct Registration {
+    owner: u64,
+    keys: RegKeys,
+    /// The device's handle (a memory region); dropping it deregisters.
+    _handle: Box<dyn Any + Send + Sync>,
+}
+
+/// An owned, zero-initialised, page-aligned buffer that devices may access.
+pub struct Buffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    regs: Mutex<Vec<Registration>>,
+}
+
+// SAFETY: `Buffer` owns its allocation exclusively; all access to the bytes goes through raw
+// copies whose ordering with device access is provided by the protocol (module docs). The
+// registration list is behind a mutex and holds `Send + Sync` handles.
+unsafe impl Send for Buffer {}
+// SAFETY: shared access performs only raw copies; overlapping concurrent writes are excluded by
+// the protocol, as with memory shared with hardware (module docs).
+unsafe impl Sync for Buffer {}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({:#x}+{})", self.addr(), self.len)
+    }
+}
+
+impl Buffer {
+    /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGN`].
+    ///
+    /// # Panics
+    /// If the allocation fails (as `Vec` does).
+    pub fn new(len: usize) -> Buffer {
+        let regs = Mutex::new(Vec::new());
+        if len == 0 {
+            return Buffer { ptr: NonNull::<[u8; BUFFER_ALIGN]>::dangling().cast(), len: 0, regs };
+        }
+        let layout = Layout::from_size_align(len, BUFFER_ALIGN)
+            .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<u8>()));
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Buffer { ptr, len, regs }
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn from_slice(data: &[u8]) -> Buffer {
+        let b = Buffer::new(data.len());
+        // Cannot fail: same length.
+        let _ = b.write(0, data);
+        b
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The address of the first byte (what goes in an SGE or an RDMA descriptor).
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as usize as u64
+    }
+
+    /// A raw pointer to the first byte, for registration with a device.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), OutOfRange> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(OutOfRange { offset, len, size: self.len }),
+        }
+    }
+
+    /// Copies bytes `offset..offset+out.len()` into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), OutOfRange> {
+        self.check(offset, out.len())?;
+        // SAFETY: the range is inside our allocation (checked above); `out` is a separate
+        // borrow, so the ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copies `data` to bytes `offset..offset+data.len()`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), OutOfRange> {
+        self.check(offset, data.len())?;
+        // SAFETY: the range is inside our allocation (checked above); `data` is a separate
+        // borrow. Concurrent overlapping access is excluded by the protocol (module docs).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `src` at `src_offset` to this buffer at `offset`.
+    pub fn copy_from(
+        &self,
+        offset: usize,
+        src: &Buffer,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<(), OutOfRange> {
+        self.check(offset, len)?;
+        src.check(src_offset, len)?;
+        // SAFETY: both ranges are inside their allocations; `copy` tolerates overlap (the same
+        // buffer may be both source and destination).
+        unsafe { std::ptr::copy(src.ptr.as_ptr().add(src_offset), self.ptr.as_ptr().add(offset), len) };
+        Ok(())
+    }
+
+    /// Sets bytes `offset..offset+len` to `byte`.
+    pub fn fill_range(&self, offset: usize, len: usize, byte: u8) -> Result<(), OutOfRange> {
+        self.check(offset, len)?;
+        // SAFETY: writes exactly the checked range of our allocation.
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), byte, len) };
+        Ok(())
+    }
+
+    /// Sets every byte to `byte`.
+    pub fn fill(&self, byte: u8) {
+        let _ = self.fill_range(0, self.len, byte);
+    }
+
+    /// A copy of the bytes `offset..offset+len`.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>, OutOfRange> {
+        let mut v = vec![0u8; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+
+    fn regs(&self) -> MutexGuard<'_, Vec<Registration>> {
+        self.regs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The keys `owner` registered this buffer under, registering it first if it has not.
+    ///
+    /// `register` receives the buffer's address and length and returns the device's handle
+    /// (kept until the buffer is dropped, then dropped *before* the memory is freed) and the
+    /// keys. `owner` identifies the device + protection domain, so one buffer can be
+    /// registered with several devices.
+    pub fn registration<E>(
+        &self,
+        owner: u64,
+        register: impl FnOnce(*mut u8, usize) -> Result<(Box<dyn Any + Send + Sync>, RegKeys), E>,
+    ) -> Result<RegKeys, E> {
+        let mut regs = self.regs();
+        if let Some(r) = regs.iter().find(|r| r.owner == owner) {
+            return Ok(r.keys);
+        }
+        let (handle, keys) = register(self.as_mut_ptr(), self.len)?;
+        regs.push(Registration { owner, keys, _handle: handle });
+        Ok(keys)
+    }
+
+    /// Whether `owner` has registered this buffer.
+    pub fn is_registered(&self, owner: u64) -> bool {
+        self.regs().iter().any(|r| r.owner == owner)
+    }
+
+    /// Drops `owner`'s registration (deregistering it), if any.
+    pub fn unregister(&self, owner: u64) {
+        let dropped: Vec<Registration> = {
+            let mut regs = self.regs();
+            let (gone, keep): (Vec<_>, Vec<_>) = regs.drain(..).partition(|r| r.owner == owner);
+            *regs = keep;
+            gone
+        };
+        drop(dropped);
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // Deregister first: after this no device can reach the memory.
+        let regs = std::mem::take(self.regs.get_mut().unwrap_or_else(PoisonError::into_inner));
+        drop(regs);
+        if self.len > 0 {
+            if let Ok(layout) = Layout::from_size_align(self.len, BUFFER_ALIGN) {
+                // SAFETY: allocated in `new` with exactly this layout and not freed before.
+                unsafe { dealloc(self.ptr.as_ptr(), layout) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn reads_and_writes_are_range_checked() {
+        let b = Buffer::new(10000);
+        assert_eq!(b.addr() % BUFFER_ALIGN as u64, 0);
+        b.write(9990, &[1; 10]).unwrap();
+        assert!(b.write(9991, &[1; 10]).is_err());
+        assert!(b.write(usize::MAX, &[1]).is_err());
+        let mut out = [0u8; 10];
+        b.read(9990, &mut out).unwrap();
+        assert_eq!(out, [1; 10]);
+        b.copy_from(0, &b, 9990, 10).unwrap();
+        assert_eq!(b.to_vec(0, 10).unwrap(), vec![1; 10]);
+        b.fill(7);
+        assert_eq!(b.to_vec(5000, 2).unwrap(), vec![7, 7]);
+        assert!(b.fill_range(9999, 2, 0).is_err());
+        let empty = Buffer::new(0);
+        assert!(empty.is_empty());
+        assert!(empty.read(0, &mut []).is_ok());
+        assert_eq!(Buffer::from_slice(b"abc").to_vec(0, 3).unwrap(), b"abc");
+    }
+
+    struct Handle(Arc<AtomicUsize>);
+    impl Drop for Handle {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn registration_is_cached_per_owner_and_dropped_with_the_buffer() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let calls = AtomicUsize::new(0);
+        let b = Buffer::new(64);
+        let reg = |owner| {
+            b.registration(owner, |ptr, len| {
+                assert_eq!((ptr as usize as u64, len), (b.addr(), 64));
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ()>((
+                    Box::new(Handle(drops.clone())) as Box<dyn Any + Send + Sync>,
+                    RegKeys { lkey: 1, rkey: 2 },
+                ))
+            })
+        };
+        assert_eq!(reg(7).unwrap(), RegKeys { lkey: 1, rkey: 2 });
+        assert_eq!(reg(7).unwrap(), RegKeys { lkey: 1, rkey: 2 });
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "registered once");
+        reg(8).unwrap();
+        assert!(b.is_registered(8));
+        b.unregister(8);
+        assert!(!b.is_registered(8));
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        drop(b);
+        assert_eq!(drops.load(Ordering::SeqCst), 2, "deregistered when the buffer goes");
+    }
+}

@@ -1,0 +1,211 @@
+//! The LND interface: what LNet asks of a network driver, and what the driver tells LNet.
+//!
+//! This mirrors the kernel's `struct lnet_lnd` and the calls an LND makes back into LNet
+//! (`lnet_parse`, `lnet_finalize`, `lnet_set_reply_msg_len`), reshaped for a poll-driven
+//! userspace driver:
+//! * LNet calls [`Lnd::send`] with an [`LndSend`]: the 72-byte LNet header, the payload
+//!   fragments (PUT, REPLY) and, for a GET, where the reply's data must land. `send` fails only
+//!   immediately; otherwise the LND reports the outcome **exactly once** through
+//!   [`LndUpcalls::send_done`] with a [`SendStatus`] or an [`LndError`] carrying a health class.
+//! * When a message arrives, the LND calls [`LndUpcalls::recv`] with its header. LNet matches it
+//!   and answers at once with a [`RecvDisposition`]: drop it, a sink for its payload (PUT,
+//!   IMMEDIATE), or the source of the reply data (a GET). The LND then moves the bytes (copy for
+//!   IMMEDIATE, RDMA for PUT/GET) and reports the end of that receive with
+//!   [`LndUpcalls::recv_done`], again exactly once.
+//!
+//! Upcalls run on the LND's scheduler threads: they must not block. They may call
+//! [`Lnd::send`] (to send an ACK or a REPLY), which only queues.
+
+use std::sync::Arc;
+
+use crate::buffer::Buffer;
+use crate::event::Errno;
+use crate::hdr::LnetHdr;
+use crate::nid::Nid;
+
+/// A byte range of a [`Buffer`]: `len` bytes from `offset`.
+#[derive(Clone, Debug)]
+pub struct Frag {
+    /// The buffer (kept alive while the LND uses the fragment).
+    pub buf: Arc<Buffer>,
+    /// Offset of the first byte.
+    pub offset: usize,
+    /// Byte count.
+    pub len: usize,
+}
+
+impl Frag {
+    /// A fragment covering all of `buf`.
+    pub fn whole(buf: Arc<Buffer>) -> Frag {
+        let len = buf.len();
+        Frag { buf, offset: 0, len }
+    }
+
+    /// Whether the range lies inside the buffer.
+    pub fn is_valid(&self) -> bool {
+        self.offset.checked_add(self.len).is_some_and(|end| end <= self.buf.len())
+    }
+}
+
+/// Total bytes of a fragment list (`None` on overflow).
+pub fn frags_len(frags: &[Frag]) -> Option<usize> {
+    frags.iter().try_fold(0usize, |acc, f| acc.checked_add(f.len))
+}
+
+/// A message LNet asks the LND to send.
+#[derive(Clone, Debug)]
+pub struct LndSend {
+    /// The peer on the LND's network that receives it (the next hop).
+    pub target: Nid,
+    /// The LNet header; its `payload_length` must equal the payload's size.
+    pub hdr: LnetHdr,
+    /// The payload of a PUT or REPLY (empty for GET and ACK).
+    pub payload: Vec<Frag>,
+    /// For a GET: where the REPLY's data should land. With a sink the LND may move the reply by
+    /// RDMA (GET_REQ/GET_DONE); without one the GET travels as a header-only message and the
+    /// peer's LNet sends a REPLY message.
+    pub get_sink: Option<Vec<Frag>>,
+    /// LNet's token for this send, returned in [`LndUpcalls::send_done`].
+    pub token: u64,
+}
+
+/// How a send ended well.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendStatus {
+    /// For a GET whose reply moved by RDMA: the bytes the peer wrote into the sink.
+    pub reply_len: Option<usize>,
+}
+
+/// LNet's health classes for a failed transmit (`enum lnet_msg_hstatus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Health {
+    /// A local resource or state problem.
+    LocalError,
+    /// Dropped locally (e.g. the connection was closed under it).
+    LocalDropped,
+    /// Aborted locally.
+    LocalAborted,
+    /// Timed out locally (no completion).
+    LocalTimeout,
+    /// The peer reported an error.
+    RemoteError,
+    /// The peer dropped it (connection closed by the peer, failed send completion).
+    RemoteDropped,
+    /// The peer did not answer in time.
+    RemoteTimeout,
+    /// The network did not deliver it in time (could not connect).
+    NetworkTimeout,
+}
+
+/// A failed LND operation: an errno and LNet's health class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{errno} ({health:?})")]
+pub struct LndError {
+    /// The negative errno LNet would see.
+    pub errno: Errno,
+    /// Health class for LNet's health accounting.
+    pub health: Health,
+}
+
+impl LndError {
+    /// An error with an errno and a health class.
+    pub const fn new(errno: Errno, health: Health) -> LndError {
+        LndError { errno, health }
+    }
+}
+
+/// LNet's answer to an incoming message.
+#[derive(Clone, Debug)]
+pub enum RecvDisposition {
+    /// Nothing wants it (no match, or refused). The LND tells the peer (PUT_NAK, GET_DONE with
+    /// `-ENODATA`) where the protocol allows and reports nothing more.
+    Drop,
+    /// PUT or IMMEDIATE: put the first `mlength` payload bytes into `frags`; report with
+    /// [`LndUpcalls::recv_done`]`(token, ..)`.
+    Sink {
+        /// Where the bytes go (their total is at least `mlength`).
+        frags: Vec<Frag>,
+        /// How many payload bytes to deliver (the rest are dropped: truncation).
+        mlength: usize,
+        /// LNet's token for this receive.
+        token: u64,
+    },
+    /// An RDMA GET: send these bytes as the reply; report with [`LndUpcalls::recv_done`] once
+    /// the reply has been sent.
+    Source {
+        /// The reply data.
+        frags: Vec<Frag>,
+        /// LNet's token for this receive.
+        token: u64,
+    },
+}
+
+/// The calls an LND makes into LNet (implemented by LNet, or a test harness).
+pub trait LndUpcalls: Send + Sync {
+    /// A message from `from` with header `hdr` arrived (`lnet_parse`). `rdma` is true when its
+    /// payload will move by RDMA (PUT_REQ, GET_REQ) rather than being in hand (IMMEDIATE).
+    fn recv(&self, from: Nid, hdr: &LnetHdr, rdma: bool) -> RecvDisposition;
+
+    /// A receive accepted with a `Sink` or `Source` finished: `Ok(bytes)` delivered (or sent,
+    /// for a `Source`), or why not. Called exactly once per accepted receive.
+    fn recv_done(&self, token: u64, result: Result<usize, LndError>);
+
+    /// A send finished. Called exactly once per send that `Lnd::send` accepted.
+    fn send_done(&self, token: u64, result: Result<SendStatus, LndError>);
+}
+
+/// Connection state of a peer, as reported by [`Lnd::peers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerState {
+    /// No connection and none being made.
+    Idle,
+    /// Connecting.
+    Connecting,
+    /// At least one connection is established.
+    Connected,
+    /// The last attempt failed; sends will trigger a new one (paced).
+    Failed,
+}
+
+/// What an LND reports about one peer (`lnd_ctl` GET_PEER / GET_CONN).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The peer.
+    pub nid: Nid,
+    /// Its state.
+    pub state: PeerState,
+    /// Established connections.
+    pub conns: usize,
+    /// Negotiated queue depth of its first connection (0 if none).
+    pub queue_depth: u16,
+    /// Send credits available on its connections.
+    pub credits: u32,
+    /// Credits owed to the peer, not yet returned.
+    pub outstanding_credits: u32,
+    /// Lowest credits seen since the connection was established.
+    pub min_credits: u32,
+    /// Messages waiting for a connection or for credits.
+    pub queued: usize,
+    /// Messages posted and not yet completed.
+    pub active: usize,
+}
+
+/// An LND: the network driver behind one LNet network interface.
+pub trait Lnd: Send + Sync {
+    /// The NID of this interface.
+    fn nid(&self) -> Nid;
+
+    /// Queues `msg` for sending. Fails only at once (e.g. shut down, bad fragments); otherwise
+    /// the outcome arrives through [`LndUpcalls::send_done`].
+    fn send(&self, msg: LndSend) -> Result<(), LndError>;
+
+    /// Peers and their connections (`lnd_ctl` GET_PEER).
+    fn peers(&self) -> Vec<PeerInfo>;
+
+    /// Closes every connection to `peer` (`lnd_ctl` CLOSE_CONNECTION); pending sends fail.
+    fn close_peer(&self, peer: Nid);
+
+    /// Stops the driver: every pending send and receive completes with an error, connections
+    /// are closed. Idempotent.
+    fn shutdown(&self);
+}
