@@ -1,0 +1,124 @@
+//! Peers (`kib_peer_ni`): what the engine remembers about each remote NID between connections.
+//!
+//! A peer holds its connections, the transmits waiting for one, the parameters negotiated last
+//! time (queue depth and fragments, which only ever shrink, LU-3322), the peer's incarnation
+//! (a changed stamp means it restarted), the connection-race count, and reconnect pacing: ten
+//! quick reconnects, then at most one attempt per second (LU-5718, LU-7569).
+
+use std::collections::VecDeque;
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use lnet_shim::lnd::{LndError, PeerState};
+use lnet_shim::nid::Nid;
+
+use crate::time::Instant;
+
+/// Quick reconnects before pacing starts.
+pub(crate) const QUICK_RECONNECTS: u32 = 10;
+/// Spacing of reconnect attempts once paced.
+pub(crate) const RECONNECT_INTERVAL: Duration = Duration::from_secs(1);
+/// Connection races tolerated before the lower NID is allowed to win (LU-7646).
+pub(crate) const MAX_CONN_RACES: u32 = 20;
+
+/// o2iblnd's NID hash for the connection-race tie-break: the network XOR the address as the raw
+/// big-endian word LNet stores (read in host order).
+pub(crate) fn nidhash(nid: Nid) -> u32 {
+    let raw = nid.as_u64();
+    ((raw >> 32) as u32) ^ (raw as u32).swap_bytes()
+}
+
+#[derive(Debug)]
+pub(crate) struct Peer {
+    pub(crate) nid: Nid,
+    pub(crate) ip: Ipv4Addr,
+    /// Connection keys (connecting, accepting, established, closing).
+    pub(crate) conns: Vec<usize>,
+    /// Transmits waiting for a connection.
+    pub(crate) pending: VecDeque<usize>,
+    /// Active connection attempts in flight.
+    pub(crate) connecting: u32,
+    /// Passive accepts in flight.
+    pub(crate) accepting: u32,
+    /// Round-robin cursor over established connections.
+    pub(crate) rr: usize,
+    /// The peer's incarnation as last seen (0 = unknown).
+    pub(crate) incarnation: u64,
+    /// Queue depth to ask for (reduced by QP sizing or MSG_QUEUE_SIZE rejects).
+    pub(crate) queue_depth: u32,
+    /// RDMA fragments to ask for (reduced by RDMA_FRAGS rejects).
+    pub(crate) max_frags: u16,
+    pub(crate) races: u32,
+    /// Consecutive reconnects without an established connection.
+    pub(crate) reconnects: u32,
+    /// No new attempt before this time.
+    pub(crate) next_attempt: Instant,
+    /// Why the last attempt failed.
+    pub(crate) last_error: Option<LndError>,
+}
+
+impl Peer {
+    pub(crate) fn new(nid: Nid, queue_depth: u32) -> Peer {
+        Peer {
+            nid,
+            ip: nid.addr(),
+            conns: Vec::new(),
+            pending: VecDeque::new(),
+            connecting: 0,
+            accepting: 0,
+            rr: 0,
+            incarnation: 0,
+            queue_depth,
+            max_frags: crate::wire::IBLND_MAX_RDMA_FRAGS as u16,
+            races: 0,
+            reconnects: 0,
+            next_attempt: Instant::ZERO,
+            last_error: None,
+        }
+    }
+
+    /// Records one more connection attempt and paces the next.
+    pub(crate) fn note_attempt(&mut self, now: Instant) {
+        self.reconnects = self.reconnects.saturating_add(1);
+        self.next_attempt = if self.reconnects >= QUICK_RECONNECTS { now + RECONNECT_INTERVAL } else { now };
+    }
+
+    /// The state reported to LNet.
+    pub(crate) fn state(&self, established: usize) -> PeerState {
+        if established > 0 {
+            PeerState::Connected
+        } else if self.connecting > 0 || self.accepting > 0 {
+            PeerState::Connecting
+        } else if self.last_error.is_some() {
+            PeerState::Failed
+        } else {
+            PeerState::Idle
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nidhash_mixes_net_and_address() {
+        let a: Nid = "10.0.0.1@o2ib".parse().unwrap();
+        let b: Nid = "10.0.0.2@o2ib".parse().unwrap();
+        assert_ne!(nidhash(a), nidhash(b));
+        // net 0x50000 XOR the address bytes 0a 00 00 01 read little-endian (0x0100000a).
+        assert_eq!(nidhash(a), 0x0005_0000 ^ 0x0100_000a);
+    }
+
+    #[test]
+    fn reconnects_are_paced_after_ten() {
+        let mut p = Peer::new("10.0.0.1@o2ib".parse().unwrap(), 8);
+        let t = Instant::from_secs(5);
+        for _ in 0..QUICK_RECONNECTS - 1 {
+            p.note_attempt(t);
+            assert_eq!(p.next_attempt, t);
+        }
+        p.note_attempt(t);
+        assert_eq!(p.next_attempt, t + RECONNECT_INTERVAL);
+    }
+}
