@@ -2,3 +2,6 @@
 
 pub mod ip_cm;
 pub mod mad;
+pub mod manager;
+
+pub use manager::{Cm, CmConfig, CmError, CmEvent, CmStats, ConnId, ConnState, ConnectParams, MsgCounts};
