@@ -32,7 +32,7 @@ pub(crate) enum ConnState {
 
 /// One connection.
 pub(crate) struct Conn<D: Device> {
-    pub(crate) gen: u32,
+    pub(crate) generation: u32,
     pub(crate) peer: Nid,
     pub(crate) state: ConnState,
     pub(crate) active: bool,
@@ -41,7 +41,6 @@ pub(crate) struct Conn<D: Device> {
     pub(crate) qp: D::Qp,
     pub(crate) cq: D::Cq,
     pub(crate) rx: RegisteredBuf<D>,
-    pub(crate) nrx: u32,
     /// Receives posted and not completed.
     pub(crate) posted_rx: u32,
     /// Signaled sends posted and not completed.
@@ -70,7 +69,7 @@ pub(crate) struct Conn<D: Device> {
 pub(crate) struct ConnSpec {
     pub(crate) peer: Nid,
     pub(crate) key: usize,
-    pub(crate) gen: u32,
+    pub(crate) generation: u32,
     pub(crate) queue_depth: u32,
     pub(crate) max_frags: u16,
     pub(crate) wrq_sge: u32,
@@ -116,7 +115,7 @@ pub(crate) fn create<D: Device>(dev: &D, pd: &D::Pd, spec: ConnSpec) -> Result<C
     let rx = RegisteredBuf::new(dev, pd, nrx as usize * IBLND_MSG_SIZE, Access::LOCAL_WRITE)?;
     qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE })?;
     let mut conn = Conn {
-        gen: spec.gen,
+        generation: spec.generation,
         peer: spec.peer,
         state: if spec.active { ConnState::ActiveConnect } else { ConnState::PassiveWait },
         active: spec.active,
@@ -124,7 +123,6 @@ pub(crate) fn create<D: Device>(dev: &D, pd: &D::Pd, spec: ConnSpec) -> Result<C
         qp,
         cq,
         rx,
-        nrx,
         posted_rx: 0,
         sending: 0,
         credits: Credits::new(q, q, q / 2),
@@ -150,7 +148,7 @@ impl<D: Device> Conn<D> {
     /// Posts receive buffer `i` (`kiblnd_post_rx`).
     pub(crate) fn post_rx(&mut self, key: usize, i: u32) -> Result<(), FabricError> {
         let sge = self.rx.sge(i as usize * IBLND_MSG_SIZE, IBLND_MSG_SIZE as u32);
-        let wr = RecvWr { wr_id: wr_id(WrKind::Rx, self.gen, rx_index(key, i)), sg_list: &[sge] };
+        let wr = RecvWr { wr_id: wr_id(WrKind::Rx, self.generation, rx_index(key, i)), sg_list: &[sge] };
         self.qp.post_recv(&[wr])?;
         self.posted_rx += 1;
         Ok(())

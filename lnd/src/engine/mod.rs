@@ -16,8 +16,8 @@
 //! accepted receive exactly once through `recv_done` — on success, on timeout (the whole
 //! connection is closed, o2iblnd-style), on close, on peer failure and on shutdown.
 
-mod connect;
 mod conn;
+mod connect;
 mod peer;
 mod rx;
 mod send;
@@ -41,7 +41,9 @@ use self::tx::{SlotPool, Tx, Upper, WrKind, parse_wr_id, split_rx_index};
 use crate::cm::ip_cm::{PortSpace, ip_service_id};
 use crate::cm::manager::{Cm, CmConfig, ConnId};
 use crate::fabric::dma::RegisteredBuf;
-use crate::fabric::{Access, AsyncEvent, CompletionQueue, Device, FabricError, QpModify, QueuePair, Wc, WcStatus};
+use crate::fabric::{
+    Access, AsyncEvent, CompletionQueue, Device, FabricError, QpModify, QueuePair, Wc, WcStatus,
+};
 use crate::rng::Rng;
 use crate::time::Instant;
 use crate::tunables::Tunables;
@@ -70,7 +72,15 @@ impl EngineConfig {
     /// Defaults for the software fabric: the CM and QP timers of a low-latency local network
     /// (CM response 4.096 µs × 2^16 ≈ 0.27 s; ACK timeout 2^14 ≈ 67 ms).
     pub fn new(nid: Nid, tunables: Tunables, incarnation: u64, seed: u64) -> EngineConfig {
-        EngineConfig { nid, tunables, incarnation, seed, cm_response_timeout: 16, qp_ack_timeout: 14, min_rnr_timer: 4 }
+        EngineConfig {
+            nid,
+            tunables,
+            incarnation,
+            seed,
+            cm_response_timeout: 16,
+            qp_ack_timeout: 14,
+            min_rnr_timer: 4,
+        }
     }
 }
 
@@ -320,6 +330,17 @@ impl<D: Device> Engine<D> {
         self.cfg.tunables.tx_timeout()
     }
 
+    /// Re-arms a transmit's deadline to `now + timeout` (o2iblnd sets it whenever a transmit
+    /// is queued on a connection).
+    fn set_deadline(&mut self, now: Instant, txk: usize) {
+        let timeout = self.tx_timeout();
+        if let Some(t) = self.txs.get_mut(txk) {
+            self.deadlines.remove(&(t.deadline, txk, t.generation));
+            t.deadline = now + timeout;
+            self.deadlines.insert((t.deadline, txk, t.generation));
+        }
+    }
+
     // ------------------------------------------------------------------ the poll loop
 
     /// Does all work due at `now`: device progress, CM, completions, timers, posting.
@@ -363,9 +384,6 @@ impl<D: Device> Engine<D> {
         t = Instant::min_deadline(t, self.deadlines.first().map(|d| d.0));
         if !self.conns.is_empty() || !self.waiting.is_empty() {
             t = Instant::min_deadline(t, Some(self.next_scan));
-        }
-        if self.poll_all_cqs && self.conns.iter().any(|(_, c)| c.posted_rx > 0 || c.sending > 0) {
-            // Simulations poll CQs on every step; the device deadline paces them.
         }
         t
     }
@@ -440,17 +458,22 @@ impl<D: Device> Engine<D> {
     }
 
     fn handle_wc(&mut self, now: Instant, wc: Wc) {
-        let Some((kind, gen, index)) = parse_wr_id(wc.wr_id) else {
+        let Some((kind, generation, index)) = parse_wr_id(wc.wr_id) else {
             self.stats.stale_completions += 1;
             return;
         };
         match kind {
-            WrKind::Rx => self.rx_completion(now, gen, index, wc),
-            WrKind::Tx => self.tx_completion(now, gen, index as usize, wc),
+            WrKind::Rx => self.rx_completion(now, generation, index, wc),
+            WrKind::Tx => self.tx_completion(now, generation, index as usize, wc),
             WrKind::Rdma => {
                 // Unsignaled: only failures arrive, and the SEND behind the WRITE fails too.
                 if wc.status != WcStatus::WrFlushErr && wc.status != WcStatus::Success {
-                    if let Some(c) = self.txs.get(index as usize).filter(|t| t.gen == gen).and_then(|t| t.conn) {
+                    if let Some(c) = self
+                        .txs
+                        .get(index as usize)
+                        .filter(|t| t.generation == generation)
+                        .and_then(|t| t.conn)
+                    {
                         self.close_conn(now, c, err(Errno::EIO, Health::RemoteDropped));
                     }
                 }
@@ -458,9 +481,9 @@ impl<D: Device> Engine<D> {
         }
     }
 
-    fn rx_completion(&mut self, now: Instant, gen: u32, index: u32, wc: Wc) {
+    fn rx_completion(&mut self, now: Instant, generation: u32, index: u32, wc: Wc) {
         let (key, rx) = split_rx_index(index);
-        let Some(conn) = self.conns.get_mut(key).filter(|c| c.gen == gen) else {
+        let Some(conn) = self.conns.get_mut(key).filter(|c| c.generation == generation) else {
             self.stats.stale_completions += 1;
             return;
         };
@@ -478,8 +501,8 @@ impl<D: Device> Engine<D> {
         }
     }
 
-    fn tx_completion(&mut self, now: Instant, gen: u32, key: usize, wc: Wc) {
-        let Some(tx) = self.txs.get_mut(key).filter(|t| t.gen == gen) else {
+    fn tx_completion(&mut self, now: Instant, generation: u32, key: usize, wc: Wc) {
+        let Some(tx) = self.txs.get_mut(key).filter(|t| t.generation == generation) else {
             self.stats.stale_completions += 1;
             return;
         };
@@ -514,7 +537,7 @@ impl<D: Device> Engine<D> {
         }
         let tx = self.txs.remove(key);
         self.slots.give(tx.slot);
-        self.deadlines.remove(&(tx.deadline, key, tx.gen));
+        self.deadlines.remove(&(tx.deadline, key, tx.generation));
         if tx.cookie != 0 && self.cookies.get(&tx.cookie) == Some(&key) {
             self.cookies.remove(&tx.cookie);
         }
@@ -541,17 +564,21 @@ impl<D: Device> Engine<D> {
 
     /// Checks deadlines of transmits (queued, active, or waiting for a connection).
     fn expire(&mut self, now: Instant) {
-        while let Some(&(t, key, gen)) = self.deadlines.first() {
+        while let Some(&(t, key, generation)) = self.deadlines.first() {
             if t > now {
                 break;
             }
             self.deadlines.pop_first();
-            let Some(tx) = self.txs.get(key).filter(|tx| tx.gen == gen) else { continue };
+            let Some(tx) = self.txs.get(key).filter(|tx| tx.generation == generation) else { continue };
             self.stats.tx_timeouts += 1;
             match tx.conn {
                 // o2iblnd: any expired transmit closes the whole connection.
                 Some(c) => {
-                    let health = if tx.sending > 0 || tx.waiting { Health::RemoteTimeout } else { Health::LocalTimeout };
+                    let health = if tx.sending > 0 || tx.waiting {
+                        Health::RemoteTimeout
+                    } else {
+                        Health::LocalTimeout
+                    };
                     self.close_conn(now, c, err(Errno::ETIMEDOUT, health));
                 }
                 None => {
@@ -599,8 +626,12 @@ impl<D: Device> Engine<D> {
         let due: Vec<Nid> = self
             .peers
             .iter()
-            .filter(|(_, p)| !p.pending.is_empty() && p.connecting == 0 && p.accepting == 0 && now >= p.next_attempt)
-            .filter(|(_, p)| !p.conns.iter().any(|&k| self.conns.get(k).is_some_and(|c| c.state != ConnState::Closing)))
+            .filter(|(_, p)| {
+                !p.pending.is_empty() && p.connecting == 0 && p.accepting == 0 && now >= p.next_attempt
+            })
+            .filter(|(_, p)| {
+                !p.conns.iter().any(|&k| self.conns.get(k).is_some_and(|c| c.state != ConnState::Closing))
+            })
             .map(|(n, _)| *n)
             .collect();
         for nid in due {
@@ -614,8 +645,12 @@ impl<D: Device> Engine<D> {
             let Some(w) = self.waiting.pop_front() else { break };
             match w {
                 Waiting::Send(msg) => self.launch(now, msg),
-                Waiting::Rx(key, gen, rx, len) => {
-                    if self.conns.get(key).is_some_and(|c| c.gen == gen && c.state == ConnState::Established) {
+                Waiting::Rx(key, generation, rx, len) => {
+                    if self
+                        .conns
+                        .get(key)
+                        .is_some_and(|c| c.generation == generation && c.state == ConnState::Established)
+                    {
                         self.handle_rx(now, key, rx, len);
                     }
                 }
@@ -690,7 +725,9 @@ impl<D: Device> Engine<D> {
     /// Packs the header (with the credits it returns) and posts the RDMA WRITEs and the SEND.
     fn post_tx(&mut self, now: Instant, key: usize, txk: usize, credits: u32) -> Result<(), FabricError> {
         use crate::fabric::{SendFlags, SendOp, SendWr, Sge};
-        let Some(conn) = self.conns.get_mut(key) else { return Err(FabricError::NotFound { what: "connection" }) };
+        let Some(conn) = self.conns.get_mut(key) else {
+            return Err(FabricError::NotFound { what: "connection" });
+        };
         let Some(tx) = self.txs.get_mut(txk) else { return Err(FabricError::NotFound { what: "transmit" }) };
         let hdr = crate::wire::MsgHeader {
             version: crate::wire::IBLND_MSG_VERSION,
@@ -713,7 +750,7 @@ impl<D: Device> Engine<D> {
         let _ = self.msgs.buf().write(off, msg);
         let send_sge = [self.msgs.sge(off, tx.nob)];
         let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(tx.rdma.len() + 1);
-        let rdma_id = tx::wr_id(WrKind::Rdma, tx.gen, txk as u32);
+        let rdma_id = tx::wr_id(WrKind::Rdma, tx.generation, txk as u32);
         let sges: Vec<&[Sge]> = tx.rdma.iter().map(|w| w.sges.as_slice()).collect();
         for (w, sg) in tx.rdma.iter().zip(sges) {
             wrs.push(SendWr {
@@ -724,7 +761,7 @@ impl<D: Device> Engine<D> {
             });
         }
         wrs.push(SendWr {
-            wr_id: tx::wr_id(WrKind::Tx, tx.gen, txk as u32),
+            wr_id: tx::wr_id(WrKind::Tx, tx.generation, txk as u32),
             op: SendOp::Send,
             sg_list: &send_sge,
             flags: SendFlags::SIGNALED,
@@ -799,12 +836,15 @@ impl<D: Device> Engine<D> {
         let live = self.peers.get(&peer).is_some_and(|p| {
             p.connecting > 0
                 || p.accepting > 0
-                || p.conns.iter().any(|&k| self.conns.get(k).is_some_and(|c| c.state == ConnState::Established))
+                || p.conns
+                    .iter()
+                    .any(|&k| self.conns.get(k).is_some_and(|c| c.state == ConnState::Established))
         });
         if live {
             return;
         }
-        let pending: Vec<usize> = self.peers.get_mut(&peer).map(|p| p.pending.drain(..).collect()).unwrap_or_default();
+        let pending: Vec<usize> =
+            self.peers.get_mut(&peer).map(|p| p.pending.drain(..).collect()).unwrap_or_default();
         for t in pending {
             if let Some(tx) = self.txs.get_mut(t) {
                 tx.queued = false;
@@ -906,7 +946,8 @@ impl<D: Device> Engine<D> {
         for k in keys {
             self.close_conn(now, k, err(Errno::ECONNABORTED, Health::LocalDropped));
         }
-        let pending: Vec<usize> = self.peers.get_mut(&peer).map(|p| p.pending.drain(..).collect()).unwrap_or_default();
+        let pending: Vec<usize> =
+            self.peers.get_mut(&peer).map(|p| p.pending.drain(..).collect()).unwrap_or_default();
         for t in pending {
             if let Some(tx) = self.txs.get_mut(t) {
                 tx.queued = false;

@@ -6,7 +6,6 @@
 //! quick reconnects, then at most one attempt per second (LU-5718, LU-7569).
 
 use std::collections::VecDeque;
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use lnet_shim::lnd::{LndError, PeerState};
@@ -31,7 +30,6 @@ pub(crate) fn nidhash(nid: Nid) -> u32 {
 #[derive(Debug)]
 pub(crate) struct Peer {
     pub(crate) nid: Nid,
-    pub(crate) ip: Ipv4Addr,
     /// Connection keys (connecting, accepting, established, closing).
     pub(crate) conns: Vec<usize>,
     /// Transmits waiting for a connection.
@@ -61,7 +59,6 @@ impl Peer {
     pub(crate) fn new(nid: Nid, queue_depth: u32) -> Peer {
         Peer {
             nid,
-            ip: nid.addr(),
             conns: Vec::new(),
             pending: VecDeque::new(),
             connecting: 0,

@@ -149,9 +149,15 @@ impl<D: Device> Engine<D> {
     }
 
     /// A fresh descriptor with a message slot, or `None` when the pool is empty.
-    pub(super) fn new_tx(&mut self, now: Instant, peer: Nid, msg_type: MsgType, upper: Upper) -> Option<usize> {
+    pub(super) fn new_tx(
+        &mut self,
+        now: Instant,
+        peer: Nid,
+        msg_type: MsgType,
+        upper: Upper,
+    ) -> Option<usize> {
         let slot = self.slots.take()?;
-        let gen = self.alloc_gen();
+        let generation = self.alloc_gen();
         let deadline = now + self.tx_timeout();
         let class = match msg_type {
             MsgType::PutReq | MsgType::GetReq => TxClass::Request,
@@ -159,7 +165,7 @@ impl<D: Device> Engine<D> {
             _ => TxClass::NoCredit,
         };
         let key = self.txs.insert(Tx {
-            gen,
+            generation,
             slot,
             peer,
             conn: None,
@@ -179,18 +185,25 @@ impl<D: Device> Engine<D> {
             rdma: Vec::new(),
             pinned: Vec::new(),
         });
-        self.deadlines.insert((deadline, key, gen));
+        self.deadlines.insert((deadline, key, generation));
         Some(key)
     }
 
     /// Runs `f` on the transmit's message body area (the slot, header excluded) and returns the
     /// message size it reports.
-    pub(super) fn init_body(&mut self, txk: usize, f: impl FnOnce(&mut [u8]) -> Result<u32, WireError>) -> u32 {
+    pub(super) fn init_body(
+        &mut self,
+        txk: usize,
+        f: impl FnOnce(&mut [u8]) -> Result<u32, WireError>,
+    ) -> u32 {
         let Some(slot) = self.txs.get(txk).map(|t| t.slot) else { return 0 };
         let mut buf = std::mem::take(&mut self.scratch);
         buf.resize(IBLND_MSG_SIZE, 0);
         let nob = f(&mut buf).unwrap_or(0);
-        let _ = self.msgs.buf().write(slot as usize * IBLND_MSG_SIZE, buf.get(..nob as usize).unwrap_or_default());
+        let _ = self
+            .msgs
+            .buf()
+            .write(slot as usize * IBLND_MSG_SIZE, buf.get(..nob as usize).unwrap_or_default());
         self.scratch = buf;
         nob
     }
@@ -201,8 +214,15 @@ impl<D: Device> Engine<D> {
         }
     }
 
-    fn build_immediate(&mut self, txk: usize, hdr: &[u8; LNET_HDR_SIZE], payload: &[Frag]) -> Result<(), LndError> {
-        let Some(slot) = self.txs.get(txk).map(|t| t.slot) else { return Err(err(Errno::EINVAL, Health::LocalError)) };
+    fn build_immediate(
+        &mut self,
+        txk: usize,
+        hdr: &[u8; LNET_HDR_SIZE],
+        payload: &[Frag],
+    ) -> Result<(), LndError> {
+        let Some(slot) = self.txs.get(txk).map(|t| t.slot) else {
+            return Err(err(Errno::EINVAL, Health::LocalError));
+        };
         let base = slot as usize * IBLND_MSG_SIZE;
         let len = frags_len(payload).unwrap_or(usize::MAX);
         let nob = self.init_body(txk, |buf| {
@@ -215,7 +235,10 @@ impl<D: Device> Engine<D> {
         // Gather the payload straight into the registered message buffer.
         let mut at = base + crate::wire::MSG_HDR_SIZE + LNET_HDR_SIZE;
         for f in payload {
-            self.msgs.buf().copy_from(at, &f.buf, f.offset, f.len).map_err(|_| err(Errno::EINVAL, Health::LocalError))?;
+            self.msgs
+                .buf()
+                .copy_from(at, &f.buf, f.offset, f.len)
+                .map_err(|_| err(Errno::EINVAL, Health::LocalError))?;
             at += f.len;
         }
         self.set_nob(txk, nob);
@@ -271,7 +294,12 @@ impl<D: Device> Engine<D> {
         Ok((key.unwrap_or(0), rd))
     }
 
-    fn build_putreq(&mut self, txk: usize, hdr: &[u8; LNET_HDR_SIZE], payload: &[Frag]) -> Result<(), LndError> {
+    fn build_putreq(
+        &mut self,
+        txk: usize,
+        hdr: &[u8; LNET_HDR_SIZE],
+        payload: &[Frag],
+    ) -> Result<(), LndError> {
         let sges = self.local_sges(payload)?;
         let cookie = self.alloc_cookie();
         let nob = self.init_body(txk, |buf| crate::wire::init_putreq(buf, hdr, cookie));
@@ -368,8 +396,10 @@ mod tests {
         let src = [sge(0, 100), sge(1000, 100), sge(2000, 100), sge(3000, 100)];
         let dst = [frag(0x10, 250), frag(0x900, 150)];
         let wrs = plan_rdma(&src, 5, &dst, 400, 2, 257).unwrap();
-        let shape: Vec<(u64, Vec<(u64, u32)>)> =
-            wrs.iter().map(|w| (w.remote_addr, w.sges.iter().map(|s| (s.addr, s.length)).collect())).collect();
+        let shape: Vec<(u64, Vec<(u64, u32)>)> = wrs
+            .iter()
+            .map(|w| (w.remote_addr, w.sges.iter().map(|s| (s.addr, s.length)).collect()))
+            .collect();
         assert_eq!(
             shape,
             vec![

@@ -29,13 +29,13 @@ pub(crate) enum WrKind {
 }
 
 /// Packs a work-request id: 2 bits of kind, 30 bits of generation, 32 bits of index.
-pub(crate) fn wr_id(kind: WrKind, gen: u32, index: u32) -> u64 {
+pub(crate) fn wr_id(kind: WrKind, generation: u32, index: u32) -> u64 {
     let k: u64 = match kind {
         WrKind::Tx => 1,
         WrKind::Rx => 2,
         WrKind::Rdma => 3,
     };
-    (k << 62) | (u64::from(gen & 0x3fff_ffff) << 32) | u64::from(index)
+    (k << 62) | (u64::from(generation & 0x3fff_ffff) << 32) | u64::from(index)
 }
 
 /// Unpacks a work-request id; `None` for ids this engine never makes.
@@ -85,7 +85,7 @@ pub(crate) struct RdmaWr {
 /// One message in flight.
 #[derive(Debug)]
 pub(crate) struct Tx {
-    pub(crate) gen: u32,
+    pub(crate) generation: u32,
     /// Message-buffer slot in the pool.
     pub(crate) slot: u32,
     pub(crate) peer: Nid,

@@ -1,0 +1,406 @@
+//! Receiving (`kiblnd_handle_rx`, `kiblnd_recv`): unpack, per-connection checks, credits,
+//! dispatch by type, and reposting the buffer with the per-type credit rule.
+//!
+//! | message | handling | repost |
+//! |---|---|---|
+//! | NOOP | credits only | no credit |
+//! | IMMEDIATE | LNet decides; payload copied into its sink | peer credit |
+//! | PUT_REQ | LNet decides; PUT_ACK with the sink's descriptor, or PUT_NAK | no credit if ACKed (the PUT_DONE returns it), else peer credit |
+//! | PUT_ACK | RDMA WRITE the data, then PUT_DONE on the same descriptor | reserved credit |
+//! | PUT_NAK | the PUT ends with the peer's status | reserved credit |
+//! | PUT_DONE | the sink's receive ends | peer credit |
+//! | GET_REQ | LNet gives the source; RDMA WRITE into the requester's sink, GET_DONE | peer credit |
+//! | GET_DONE | the GET ends; the reply length is known | reserved credit |
+//!
+//! Anything malformed, a wrong NID or stamp, a credit overflow, an unknown cookie or an
+//! unexpected type closes the connection (`-EPROTO` / `-ESTALE`); nothing is written outside
+//! the buffers LNet named.
+
+use lnet_shim::event::Errno;
+use lnet_shim::hdr::LnetHdr;
+use lnet_shim::lnd::{Frag, Health, LndError, RecvDisposition, frags_len};
+
+use super::send::{RdmaSetupError, plan_rdma};
+use super::tx::Upper;
+use super::{Engine, Waiting, err};
+use crate::credits::{RxRepost, TxClass};
+use crate::fabric::Device;
+use crate::time::Instant;
+use crate::wire::{ConnIdentity, IBLND_MSG_SIZE, MsgBody, MsgType, RdmaDesc, RdmaFrag, check_conn, unpack};
+
+/// What to do with the receive buffer after the message is handled.
+enum After {
+    Repost(RxRepost),
+    /// Keep the buffer: the message waits for a descriptor (retried from `waiting`).
+    Defer,
+    /// The connection was closed.
+    Closed,
+}
+
+fn proto() -> LndError {
+    err(Errno::EPROTO, Health::RemoteError)
+}
+
+impl<D: Device> Engine<D> {
+    /// Handles receive buffer `rx` of connection `key`, holding `len` bytes.
+    pub(super) fn handle_rx(&mut self, now: Instant, key: usize, rx: u32, len: u32) {
+        let Some(conn) = self.conns.get(key) else { return };
+        let generation = conn.generation;
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.resize(IBLND_MSG_SIZE, 0);
+        let n = (len as usize).min(IBLND_MSG_SIZE);
+        let read = conn.rx.buf().read(rx as usize * IBLND_MSG_SIZE, buf.get_mut(..n).unwrap_or_default());
+        let after = match read {
+            Ok(()) => self.dispatch(now, key, rx, len, buf.get(..n).unwrap_or_default()),
+            Err(_) => After::Closed,
+        };
+        self.scratch = buf;
+        match after {
+            After::Repost(rule) => {
+                let Some(conn) = self.conns.get_mut(key) else { return };
+                if conn.post_rx(key, rx).is_err() {
+                    self.close_conn(now, key, err(Errno::EIO, Health::LocalError));
+                    return;
+                }
+                conn.credits.rx_reposted(rule);
+                self.dirty.insert(key);
+            }
+            After::Defer => self.waiting.push_back(Waiting::Rx(key, generation, rx, len)),
+            After::Closed => {}
+        }
+    }
+
+    fn close_for(&mut self, now: Instant, key: usize, e: LndError) -> After {
+        if e.errno == Errno::EPROTO {
+            self.stats.protocol_errors += 1;
+        }
+        self.close_conn(now, key, e);
+        After::Closed
+    }
+
+    fn dispatch(&mut self, now: Instant, key: usize, rx: u32, len: u32, bytes: &[u8]) -> After {
+        let Ok(msg) = unpack(bytes) else { return self.close_for(now, key, proto()) };
+        let Some(conn) = self.conns.get_mut(key) else { return After::Closed };
+        let ident = ConnIdentity {
+            peer_nid: conn.peer,
+            peer_incarnation: conn.peer_incarnation,
+            my_nid: self.cfg.nid,
+            my_incarnation: self.cfg.incarnation,
+        };
+        if check_conn(&msg.hdr, &ident).is_err() {
+            return self.close_for(now, key, err(Errno::ESTALE, Health::RemoteError));
+        }
+        if conn.credits.credits_returned(u32::from(msg.hdr.credits)).is_err() {
+            return self.close_for(now, key, proto());
+        }
+        self.stats.rx_msgs += 1;
+        self.stats.rx_bytes += u64::from(len);
+        let _ = rx;
+        let peer = conn.peer;
+        match msg.body {
+            MsgBody::Noop => After::Repost(RxRepost::NoCredit),
+            MsgBody::Immediate(m) => {
+                let Ok(hdr) = LnetHdr::decode(m.lnet_hdr) else { return self.close_for(now, key, proto()) };
+                match self.upcalls.recv(peer, &hdr, false) {
+                    RecvDisposition::Drop => {}
+                    RecvDisposition::Sink { frags, mlength, token } => {
+                        let n = mlength.min(m.payload.len());
+                        let r = copy_into(&frags, m.payload.get(..n).unwrap_or_default());
+                        self.upcalls.recv_done(token, r.map_err(|()| err(Errno::EINVAL, Health::LocalError)));
+                    }
+                    RecvDisposition::Source { token, .. } => {
+                        // A GET that travelled as IMMEDIATE has no RDMA sink; LNet replies itself.
+                        self.upcalls.recv_done(token, Ok(0));
+                    }
+                }
+                After::Repost(RxRepost::PeerCredit)
+            }
+            MsgBody::PutReq(m) => {
+                if self.slots.available() == 0 {
+                    return After::Defer;
+                }
+                let Ok(hdr) = LnetHdr::decode(m.lnet_hdr) else { return self.close_for(now, key, proto()) };
+                let disp = self.upcalls.recv(peer, &hdr, true);
+                self.answer_put_req(now, key, m.cookie, disp)
+            }
+            MsgBody::PutAck(m) => {
+                let Some(txk) = self.waiting_tx(key, m.src_cookie, MsgType::PutReq) else {
+                    return self.close_for(now, key, proto());
+                };
+                self.put_ack_received(now, key, txk, m.dst_cookie, m.rd);
+                After::Repost(RxRepost::ReservedCredit)
+            }
+            MsgBody::PutNak(c) => {
+                let Some(txk) = self.waiting_tx(key, c.cookie, MsgType::PutReq) else {
+                    return self.close_for(now, key, proto());
+                };
+                self.finish_waiting(txk, c.status, false);
+                After::Repost(RxRepost::ReservedCredit)
+            }
+            MsgBody::PutDone(c) => {
+                let Some(txk) = self.waiting_tx(key, c.cookie, MsgType::PutAck) else {
+                    return self.close_for(now, key, proto());
+                };
+                self.finish_waiting(txk, c.status, false);
+                After::Repost(RxRepost::PeerCredit)
+            }
+            MsgBody::GetReq(m) => {
+                if self.slots.available() == 0 {
+                    return After::Defer;
+                }
+                let Ok(hdr) = LnetHdr::decode(m.lnet_hdr) else { return self.close_for(now, key, proto()) };
+                let disp = self.upcalls.recv(peer, &hdr, true);
+                self.answer_get_req(now, key, m.cookie, m.rd, disp);
+                After::Repost(RxRepost::PeerCredit)
+            }
+            MsgBody::GetDone(c) => {
+                let Some(txk) = self.waiting_tx(key, c.cookie, MsgType::GetReq) else {
+                    return self.close_for(now, key, proto());
+                };
+                self.finish_waiting(txk, c.status, true);
+                After::Repost(RxRepost::ReservedCredit)
+            }
+            MsgBody::ConnReq(_) | MsgBody::ConnAck(_) => self.close_for(now, key, proto()),
+        }
+    }
+
+    /// The transmit on connection `key` waiting for a reply with `cookie`, sent as `sent`.
+    fn waiting_tx(&self, key: usize, cookie: u64, sent: MsgType) -> Option<usize> {
+        let txk = *self.cookies.get(&cookie)?;
+        let t = self.txs.get(txk)?;
+        (t.conn == Some(key) && t.waiting && t.msg_type == sent).then_some(txk)
+    }
+
+    /// The peer's answer ended a waiting transmit: `status` bytes or `-errno`.
+    fn finish_waiting(&mut self, txk: usize, status: i32, is_get: bool) {
+        if let Some(t) = self.txs.get_mut(txk) {
+            t.waiting = false;
+            if status < 0 {
+                t.fail(err(Errno::from_raw(status).unwrap_or(Errno::EIO), Health::RemoteError));
+            } else if is_get {
+                t.reply_len = Some(status as usize);
+                t.status = Ok(status as usize);
+            }
+        }
+        self.tx_maybe_done(txk);
+    }
+
+    /// Queues a completion-type message (PUT_NAK, PUT_ACK, GET_DONE) as a new transmit.
+    fn reply_tx(&mut self, now: Instant, key: usize, msg_type: MsgType, upper: Upper) -> Option<usize> {
+        let peer = self.conns.get(key)?.peer;
+        let txk = self.new_tx(now, peer, msg_type, upper)?;
+        if let Some(t) = self.txs.get_mut(txk) {
+            t.class = TxClass::NoCredit;
+        }
+        Some(txk)
+    }
+
+    fn answer_put_req(&mut self, now: Instant, key: usize, cookie: u64, disp: RecvDisposition) -> After {
+        let (frags, mlength, token) = match disp {
+            RecvDisposition::Sink { frags, mlength, token } => (frags, mlength, token),
+            RecvDisposition::Drop | RecvDisposition::Source { .. } => {
+                // Nothing wants the data: tell the source it matched nothing.
+                self.send_completion(now, key, MsgType::PutNak, cookie, Errno::ENODATA.as_i32(), Upper::None);
+                return After::Repost(RxRepost::PeerCredit);
+            }
+        };
+        if mlength == 0 {
+            self.send_completion(now, key, MsgType::PutNak, cookie, 0, Upper::None);
+            self.upcalls.recv_done(token, Ok(0));
+            return After::Repost(RxRepost::PeerCredit);
+        }
+        let rd = self.sink_rd(&frags, mlength);
+        let Some(txk) = self.reply_tx(now, key, MsgType::PutAck, Upper::Recv(token)) else {
+            // Cannot happen: a slot was checked before the upcall.
+            self.upcalls.recv_done(token, Err(err(Errno::ENOMEM, Health::LocalError)));
+            return After::Repost(RxRepost::PeerCredit);
+        };
+        match rd {
+            Ok((rkey, rd)) => {
+                let my_cookie = self.alloc_cookie();
+                let nob =
+                    self.init_body(txk, |buf| crate::wire::init_putack(buf, cookie, my_cookie, rkey, &rd));
+                self.cookies.insert(my_cookie, txk);
+                self.set_nob(txk, nob);
+                if let Some(t) = self.txs.get_mut(txk) {
+                    t.cookie = my_cookie;
+                    t.waiting = true;
+                    t.pinned = frags;
+                    t.status = Ok(mlength);
+                }
+                self.queue_on_conn(key, txk);
+                After::Repost(RxRepost::NoCredit)
+            }
+            Err(e) => {
+                // The sink cannot be described: NAK the source, fail the receive.
+                let nob =
+                    self.init_body(txk, |buf| crate::wire::init_completion(buf, cookie, e.errno.as_i32()));
+                self.set_nob(txk, nob);
+                if let Some(t) = self.txs.get_mut(txk) {
+                    t.msg_type = MsgType::PutNak;
+                    t.status = Err(e);
+                }
+                self.queue_on_conn(key, txk);
+                After::Repost(RxRepost::PeerCredit)
+            }
+        }
+    }
+
+    /// Sends a PUT_NAK / PUT_DONE / GET_DONE with `status` for `cookie`.
+    fn send_completion(
+        &mut self,
+        now: Instant,
+        key: usize,
+        t: MsgType,
+        cookie: u64,
+        status: i32,
+        upper: Upper,
+    ) {
+        let Some(txk) = self.reply_tx(now, key, t, upper) else {
+            if let Upper::Recv(token) = upper {
+                self.upcalls.recv_done(token, Err(err(Errno::ENOMEM, Health::LocalError)));
+            }
+            return;
+        };
+        let nob = self.init_body(txk, |buf| crate::wire::init_completion(buf, cookie, status));
+        self.set_nob(txk, nob);
+        if status < 0 {
+            if let Some(tx) = self.txs.get_mut(txk) {
+                tx.status = Err(err(Errno::from_raw(status).unwrap_or(Errno::EIO), Health::RemoteError));
+            }
+        }
+        self.queue_on_conn(key, txk);
+    }
+
+    /// The sink answered our PUT_REQ: RDMA WRITE the payload, then PUT_DONE reusing the
+    /// descriptor (if the transfer cannot be set up, only a PUT_DONE with the error).
+    fn put_ack_received(&mut self, now: Instant, key: usize, txk: usize, dst_cookie: u64, rd: RdmaDesc<'_>) {
+        let dst: Vec<RdmaFrag> = rd.iter().collect();
+        let (wrq_sge, max_frags) = (self.cfg.tunables.wrq_sge as usize, self.max_frags_of(key));
+        let Some(t) = self.txs.get_mut(txk) else { return };
+        let nob = t.source.iter().map(|s| u64::from(s.length)).sum::<u64>();
+        let plan = plan_rdma(&t.source, rd.key(), &dst, nob, wrq_sge, max_frags);
+        let status = match plan {
+            Ok(wrs) => {
+                t.rdma = wrs;
+                i32::try_from(nob).unwrap_or(i32::MAX)
+            }
+            Err(e) => {
+                let errno = match e {
+                    RdmaSetupError::TooManyFragments => Errno::EMSGSIZE,
+                    RdmaSetupError::SinkTooSmall => Errno::EINVAL,
+                };
+                t.fail(err(errno, Health::LocalError));
+                errno.as_i32()
+            }
+        };
+        t.waiting = false;
+        t.msg_type = MsgType::PutDone;
+        t.class = TxClass::NoCredit;
+        self.set_deadline(now, txk);
+        let nob = self.init_body(txk, |buf| crate::wire::init_completion(buf, dst_cookie, status));
+        self.set_nob(txk, nob);
+        self.queue_on_conn(key, txk);
+    }
+
+    /// A GET_REQ arrived: write LNet's source into the requester's sink, then GET_DONE.
+    fn answer_get_req(
+        &mut self,
+        now: Instant,
+        key: usize,
+        cookie: u64,
+        rd: RdmaDesc<'_>,
+        disp: RecvDisposition,
+    ) {
+        let (frags, token) = match disp {
+            RecvDisposition::Source { frags, token } => (frags, token),
+            RecvDisposition::Sink { token, .. } => {
+                self.upcalls.recv_done(token, Err(err(Errno::EINVAL, Health::LocalError)));
+                self.send_completion(
+                    now,
+                    key,
+                    MsgType::GetDone,
+                    cookie,
+                    Errno::ENODATA.as_i32(),
+                    Upper::None,
+                );
+                return;
+            }
+            RecvDisposition::Drop => {
+                self.send_completion(
+                    now,
+                    key,
+                    MsgType::GetDone,
+                    cookie,
+                    Errno::ENODATA.as_i32(),
+                    Upper::None,
+                );
+                return;
+            }
+        };
+        let src = match self.local_sges(&frags) {
+            Ok(s) => s,
+            Err(e) => {
+                self.send_completion(
+                    now,
+                    key,
+                    MsgType::GetDone,
+                    cookie,
+                    e.errno.as_i32(),
+                    Upper::Recv(token),
+                );
+                return;
+            }
+        };
+        let dst: Vec<RdmaFrag> = rd.iter().collect();
+        let sink = rd.size().map_or(0, u64::from);
+        let nob = src.iter().map(|s| u64::from(s.length)).sum::<u64>().min(sink);
+        let plan =
+            plan_rdma(&src, rd.key(), &dst, nob, self.cfg.tunables.wrq_sge as usize, self.max_frags_of(key));
+        match plan {
+            Ok(wrs) => {
+                let Some(txk) = self.reply_tx(now, key, MsgType::GetDone, Upper::Recv(token)) else {
+                    self.upcalls.recv_done(token, Err(err(Errno::ENOMEM, Health::LocalError)));
+                    return;
+                };
+                let status = i32::try_from(nob).unwrap_or(i32::MAX);
+                let msg_nob = self.init_body(txk, |buf| crate::wire::init_completion(buf, cookie, status));
+                self.set_nob(txk, msg_nob);
+                if let Some(t) = self.txs.get_mut(txk) {
+                    t.rdma = wrs;
+                    t.pinned = frags;
+                    t.status = Ok(nob as usize);
+                }
+                self.queue_on_conn(key, txk);
+            }
+            Err(e) => {
+                let errno =
+                    if e == RdmaSetupError::TooManyFragments { Errno::EMSGSIZE } else { Errno::EINVAL };
+                // The peer gets the error in its GET_DONE; LNet's receive fails with it too.
+                self.send_completion(now, key, MsgType::GetDone, cookie, errno.as_i32(), Upper::Recv(token));
+            }
+        }
+    }
+
+    fn max_frags_of(&self, key: usize) -> usize {
+        self.conns.get(key).map_or(crate::wire::IBLND_MAX_RDMA_FRAGS, |c| usize::from(c.max_frags))
+    }
+}
+
+/// Copies `data` into the fragments, in order.
+fn copy_into(frags: &[Frag], data: &[u8]) -> Result<usize, ()> {
+    if frags_len(frags).is_none_or(|n| n < data.len()) {
+        return Err(());
+    }
+    let mut at = 0;
+    for f in frags {
+        if at == data.len() {
+            break;
+        }
+        let n = f.len.min(data.len() - at);
+        let piece = data.get(at..at + n).ok_or(())?;
+        f.buf.write(f.offset, piece).map_err(|_| ())?;
+        at += n;
+    }
+    Ok(at)
+}
