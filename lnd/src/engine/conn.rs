@@ -51,6 +51,8 @@ pub(crate) struct Conn<D: Device> {
     pub(crate) max_frags: u16,
     pub(crate) peer_incarnation: u64,
     pub(crate) my_psn: u32,
+    /// The peer's QP number, once known.
+    pub(crate) remote_qpn: u32,
     pub(crate) last_send: Instant,
     /// When connecting must be over.
     pub(crate) connect_deadline: Instant,
@@ -130,6 +132,7 @@ pub(crate) fn create<D: Device>(dev: &D, pd: &D::Pd, spec: ConnSpec) -> Result<C
         max_frags: spec.max_frags,
         peer_incarnation: 0,
         my_psn: spec.my_psn,
+        remote_qpn: 0,
         last_send: Instant::ZERO,
         connect_deadline: spec.connect_deadline,
         active_txs: Vec::new(),

@@ -24,8 +24,8 @@ use crate::credits::Credits;
 use crate::fabric::{CompletionQueue, Device, Mtu, PortAddr, QpModify, QueuePair};
 use crate::time::Instant;
 use crate::wire::{
-    ConnParams, IBLND_CONNPARAMS_LEN, IBLND_MAX_RDMA_FRAGS, IBLND_MSG_SIZE, IBLND_MSG_VERSION, KibRej,
-    MsgBody, MsgHeader, MsgType, RejectReason, unpack,
+    ConnParams, IBLND_CONNPARAMS_LEN, IBLND_MSG_SIZE, IBLND_MSG_VERSION, KibRej, MsgBody, MsgHeader, MsgType,
+    RejectReason, unpack,
 };
 
 /// Privileged ports are below this.
@@ -35,7 +35,7 @@ impl<D: Device> Engine<D> {
     fn my_params(&self) -> ConnParams {
         ConnParams {
             queue_depth: self.cfg.tunables.peer_credits.min(255) as u16,
-            max_frags: IBLND_MAX_RDMA_FRAGS as u16,
+            max_frags: self.cfg.max_frags,
             max_msg_size: IBLND_MSG_SIZE as u32,
         }
     }
@@ -110,7 +110,7 @@ impl<D: Device> Engine<D> {
             return;
         }
         p.note_attempt(now);
-        let (q, frags, stamp) = (p.queue_depth.min(q0), p.max_frags, p.incarnation);
+        let (q, frags, stamp) = (p.queue_depth.min(q0), p.max_frags.min(self.cfg.max_frags), p.incarnation);
         let established = p.conns.len();
         let addr = match self.dev.resolve(nid.addr()) {
             Ok(a) => a,
@@ -266,7 +266,7 @@ impl<D: Device> Engine<D> {
         if u32::from(cp.queue_depth) > self.cfg.tunables.peer_credits || cp.queue_depth == 0 {
             return self.reject(now, id, RejectReason::MsgQueueSize);
         }
-        if usize::from(cp.max_frags) > IBLND_MAX_RDMA_FRAGS || cp.max_frags == 0 {
+        if cp.max_frags > self.cfg.max_frags || cp.max_frags == 0 {
             return self.reject(now, id, RejectReason::RdmaFrags);
         }
         if cp.max_msg_size as usize > IBLND_MSG_SIZE {
@@ -286,12 +286,11 @@ impl<D: Device> Engine<D> {
             return self.reject(now, id, RejectReason::ConnStale);
         }
         p.incarnation = h.srcstamp;
-        if p.connecting > 0 && nidhash(nid) < nidhash(me) {
-            if p.races < MAX_CONN_RACES {
-                p.races += 1;
-                return self.reject(now, id, RejectReason::ConnRace);
-            }
-            // LU-7646: after too many races let the lower NID win.
+        // A race with our own attempt: the higher NID hash wins; after too many races the lower
+        // one is let through (LU-7646).
+        if p.connecting > 0 && nidhash(nid) < nidhash(me) && p.races < MAX_CONN_RACES {
+            p.races += 1;
+            return self.reject(now, id, RejectReason::ConnRace);
         }
         let key = match self.new_conn(now, nid, u32::from(cp.queue_depth), cp.max_frags, false) {
             Ok(k) => k,
@@ -307,6 +306,7 @@ impl<D: Device> Engine<D> {
         let Some(conn) = self.conns.get_mut(key) else { return };
         conn.cm_id = Some(id);
         conn.peer_incarnation = h.srcstamp;
+        conn.remote_qpn = remote_qpn;
         let steps = [
             QpModify::Rtr {
                 path_mtu: mtu,
@@ -411,6 +411,7 @@ impl<D: Device> Engine<D> {
         }
         if let Some(c) = self.conns.get_mut(key) {
             c.peer_incarnation = stamp;
+            c.remote_qpn = remote_qpn;
             c.queue_depth = u32::from(cp.queue_depth);
             c.max_frags = cp.max_frags;
         }
@@ -514,15 +515,10 @@ impl<D: Device> Engine<D> {
         }
         // Only retry while something still waits and no passive accept settles it.
         let wanted = self.peers.get(&peer).is_some_and(|p| !p.pending.is_empty() && p.accepting == 0);
-        self.connect_failed(now, key, e);
+        self.close_conn_only(now, key, e);
         if retry && wanted {
             self.connect_peer(now, peer);
-        } else if let Some(p) = self.peers.get_mut(&peer) {
-            if p.connecting == 0 && p.accepting == 0 {
-                // Nothing left to wait for: fail the queue now.
-                let _ = p;
-                self.fail_pending_if_unreachable(now, peer, e);
-            }
         }
+        self.fail_pending_if_unreachable(now, peer, e);
     }
 }

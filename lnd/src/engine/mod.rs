@@ -66,6 +66,9 @@ pub struct EngineConfig {
     pub qp_ack_timeout: u8,
     /// RNR NAK timer code offered to peers.
     pub min_rnr_timer: u8,
+    /// RDMA fragments this side accepts per transfer (o2iblnd: 257, `IBLND_MAX_RDMA_FRAGS`);
+    /// connection requests asking for more are rejected with RDMA_FRAGS.
+    pub max_frags: u16,
 }
 
 impl EngineConfig {
@@ -80,6 +83,7 @@ impl EngineConfig {
             cm_response_timeout: 16,
             qp_ack_timeout: 14,
             min_rnr_timer: 4,
+            max_frags: crate::wire::IBLND_MAX_RDMA_FRAGS as u16,
         }
     }
 }
@@ -136,6 +140,19 @@ pub struct EngineStats {
     pub stale_completions: u64,
     /// Sends completed with an error.
     pub send_errors: u64,
+}
+
+/// One established connection, as [`Engine::conn_details`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnDetail {
+    /// This side's QP number.
+    pub local_qpn: u32,
+    /// The peer's QP number.
+    pub remote_qpn: u32,
+    /// Credit counters.
+    pub credits: crate::credits::CreditCounters,
+    /// Transmits posted and not finished.
+    pub active_txs: usize,
 }
 
 /// Registration-cache owner ids: one per engine.
@@ -562,6 +579,17 @@ impl<D: Device> Engine<D> {
         }
     }
 
+    /// Ends a transmit with `error`: it leaves every queue and stops waiting for the peer; it
+    /// is reported now unless a posted send must still come back (its flush reports it).
+    fn abort_tx(&mut self, txk: usize, error: LndError) {
+        if let Some(tx) = self.txs.get_mut(txk) {
+            tx.queued = false;
+            tx.waiting = false;
+            tx.fail(error);
+        }
+        self.tx_maybe_done(txk);
+    }
+
     /// Checks deadlines of transmits (queued, active, or waiting for a connection).
     fn expire(&mut self, now: Instant) {
         while let Some(&(t, key, generation)) = self.deadlines.first() {
@@ -586,11 +614,7 @@ impl<D: Device> Engine<D> {
                     if let Some(p) = self.peers.get_mut(&peer) {
                         p.pending.retain(|&k| k != key);
                     }
-                    if let Some(tx) = self.txs.get_mut(key) {
-                        tx.queued = false;
-                        tx.fail(err(Errno::ETIMEDOUT, Health::NetworkTimeout));
-                    }
-                    self.tx_maybe_done(key);
+                    self.abort_tx(key, err(Errno::ETIMEDOUT, Health::NetworkTimeout));
                 }
             }
         }
@@ -682,7 +706,7 @@ impl<D: Device> Engine<D> {
                                 t.conn = Some(key);
                                 t.class = crate::credits::TxClass::NoCredit;
                             }
-                            let nob = self.init_body(tx, |buf| crate::wire::init_noop(buf));
+                            let nob = self.init_body(tx, crate::wire::init_noop);
                             self.set_nob(tx, nob);
                             if let Some(c) = self.conns.get_mut(key) {
                                 c.credits.enqueue_noop(tx);
@@ -708,12 +732,8 @@ impl<D: Device> Engine<D> {
                         if let Some(c) = self.conns.get_mut(key) {
                             c.credits.unpost(credits, credited, noop);
                         }
-                        if let Some(t) = self.txs.get_mut(tx) {
-                            t.queued = false;
-                            t.fail(err(Errno::EIO, Health::LocalError));
-                        }
                         let _ = e;
-                        self.tx_maybe_done(tx);
+                        self.abort_tx(tx, err(Errno::EIO, Health::LocalError));
                         self.close_conn(now, key, err(Errno::EIO, Health::LocalError));
                         return;
                     }
@@ -785,11 +805,20 @@ impl<D: Device> Engine<D> {
     // ------------------------------------------------------------------ closing
 
     /// Closes a connection (`kiblnd_close_conn`): every queued transmit and every active one
-    /// not still sending completes now with `error`; the rest complete on their flushes.
+    /// not still sending completes now with `error`; the rest complete on their flushes. If it
+    /// was a connection attempt and no other attempt is left, the peer's waiting transmits fail.
     fn close_conn(&mut self, now: Instant, key: usize, error: LndError) {
-        let Some(conn) = self.conns.get_mut(key) else { return };
+        if let Some(peer) = self.close_conn_only(now, key, error) {
+            self.fail_pending_if_unreachable(now, peer, error);
+        }
+    }
+
+    /// [`Engine::close_conn`] without touching the peer's waiting transmits; returns the peer
+    /// if the connection was still being set up (the caller decides: retry or fail them).
+    fn close_conn_only(&mut self, now: Instant, key: usize, error: LndError) -> Option<Nid> {
+        let conn = self.conns.get_mut(key)?;
         if conn.state == ConnState::Closing {
-            return;
+            return None;
         }
         let was_connecting = matches!(conn.state, ConnState::ActiveConnect | ConnState::PassiveWait);
         let was_active_connect = conn.state == ConnState::ActiveConnect;
@@ -809,12 +838,7 @@ impl<D: Device> Engine<D> {
         }
         self.stats.conns_closed += 1;
         for t in queued.into_iter().chain(active) {
-            if let Some(tx) = self.txs.get_mut(t) {
-                tx.queued = false;
-                tx.waiting = false;
-                tx.fail(error);
-            }
-            self.tx_maybe_done(t);
+            self.abort_tx(t, error);
         }
         if let Some(p) = self.peers.get_mut(&peer) {
             if was_active_connect {
@@ -825,10 +849,8 @@ impl<D: Device> Engine<D> {
             }
             p.last_error = Some(error);
         }
-        if was_connecting {
-            self.fail_pending_if_unreachable(now, peer, error);
-        }
         self.maybe_destroy(now, key);
+        was_connecting.then_some(peer)
     }
 
     /// A peer with no connection and no attempt left fails the transmits waiting for it.
@@ -925,8 +947,8 @@ impl<D: Device> Engine<D> {
             .collect()
     }
 
-    /// Credit counters of each established connection to `peer` (for tests and stats).
-    pub fn conn_credits(&self, peer: Nid) -> Vec<crate::credits::CreditCounters> {
+    /// The established connections to `peer` with their QP numbers and credit counters.
+    pub fn conn_details(&self, peer: Nid) -> Vec<ConnDetail> {
         self.peers
             .get(&peer)
             .map(|p| {
@@ -934,7 +956,12 @@ impl<D: Device> Engine<D> {
                     .iter()
                     .filter_map(|&k| self.conns.get(k))
                     .filter(|c| c.state == ConnState::Established)
-                    .map(|c| c.credits.counters())
+                    .map(|c| ConnDetail {
+                        local_qpn: c.qp.qp_num(),
+                        remote_qpn: c.remote_qpn,
+                        credits: c.credits.counters(),
+                        active_txs: c.active_txs.len(),
+                    })
                     .collect()
             })
             .unwrap_or_default()

@@ -330,8 +330,9 @@ impl QpModify {
 pub struct QpInitAttr {
     /// Requested capacities; the device may clamp them.
     pub cap: QpCaps,
-    /// Whether only work requests flagged `signaled` generate send completions
-    /// (`IB_SIGNAL_REQ_WR`); if false every send completes.
+    /// `sq_sig_all`: if true every send work request generates a completion; if false only
+    /// those flagged `signaled` do (`IB_SIGNAL_REQ_WR`, what o2iblnd uses). Failed work
+    /// requests always complete.
     pub sq_sig_all: bool,
 }
 

@@ -1,0 +1,223 @@
+//! A misbehaving peer: node 1's wire rewrites one o2iblnd message it sends (and reseals the
+//! ICRC, so the transport delivers it). Node 0 must close only its connection to node 1, fail
+//! what it had pending there exactly once, write nothing outside the buffers LNet gave it, and
+//! keep serving node 2.
+
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex};
+
+use lnet_shim::buffer::Buffer;
+use lnet_shim::event::Errno;
+use lnet_shim::lnd::Frag;
+
+use super::*;
+use crate::fabric::soft::packet::{self, IcrcMeta, Opcode, ROCEV2_UDP_PORT};
+use crate::fabric::soft::wire::{Received, Wire};
+use crate::fabric::soft::{FaultConfig, SimPort, SoftConfig, SoftDevice};
+use crate::wire::{IBLND_MSG_MAGIC, MsgType};
+
+type Rule = Box<dyn FnMut(&mut Vec<u8>) -> bool + Send>;
+
+/// A wire that lets `rule` rewrite the o2iblnd message in an RC SEND ONLY frame, once.
+struct TamperWire {
+    inner: SimPort,
+    rule: Arc<Mutex<Option<Rule>>>,
+}
+
+impl Wire for TamperWire {
+    fn local_ip(&self) -> Ipv4Addr {
+        self.inner.local_ip()
+    }
+    fn udp_port(&self) -> u16 {
+        self.inner.udp_port()
+    }
+    fn send(&mut self, now: Instant, dst: Ipv4Addr, frame: &[u8]) -> io::Result<()> {
+        let mut rule = self.rule.lock().unwrap();
+        if let (Some(r), Ok(pkt)) = (rule.as_mut(), packet::parse_unchecked(frame)) {
+            let is_msg = pkt.headers.bth.opcode == Opcode::RcSendOnly
+                && pkt.payload.get(..4) == Some(&IBLND_MSG_MAGIC.to_le_bytes()[..]);
+            if is_msg {
+                let mut msg = pkt.payload.to_vec();
+                if r(&mut msg) {
+                    *rule = None;
+                    let meta = IcrcMeta::new(self.inner.local_ip(), dst, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT);
+                    let mut out = Vec::new();
+                    packet::build(&meta, &pkt.headers, &msg, &mut out).map_err(io::Error::other)?;
+                    return self.inner.send(now, dst, &out);
+                }
+            }
+        }
+        drop(rule);
+        self.inner.send(now, dst, frame)
+    }
+    fn recv(&mut self, now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>> {
+        self.inner.recv(now, buf)
+    }
+    fn raw_fd(&self) -> Option<RawFd> {
+        None
+    }
+    fn next_deadline(&self) -> Option<Instant> {
+        self.inner.next_deadline()
+    }
+}
+
+/// Three nodes; node 1's outgoing messages pass through `rule`.
+fn sim_with_hostile(s: u64, rule: Rule) -> Sim {
+    let mut sim = Sim::new(s, 3, &tunables(), FaultConfig::NONE);
+    let wire = TamperWire { inner: sim.net.attach(ip(1)), rule: Arc::new(Mutex::new(Some(rule))) };
+    let dev = SoftDevice::with_wire(Box::new(wire), SoftConfig { seed: s ^ 1, ..SoftConfig::default() });
+    let lnet = Arc::new(TestLnet::default());
+    let cfg = EngineConfig::new(nid(1), tunables(), 1001, s ^ 0x1111);
+    let mut engine = Engine::new(dev, cfg, lnet.clone()).unwrap();
+    engine.set_poll_all_cqs(true);
+    sim.nodes[1] = Node { engine, lnet, nid: nid(1) };
+    sim
+}
+
+fn msg_type(msg: &[u8]) -> Option<MsgType> {
+    msg.get(6).and_then(|&t| MsgType::from_u8(t))
+}
+
+/// Rewrites the first message of type `t` with `edit`.
+fn on_type(t: MsgType, mut edit: impl FnMut(&mut Vec<u8>) + Send + 'static) -> Rule {
+    Box::new(move |m: &mut Vec<u8>| {
+        if msg_type(m) == Some(t) {
+            edit(m);
+            true
+        } else {
+            false
+        }
+    })
+}
+
+/// Node 0 ends up with no connection to node 1, had `expect` closing errors, and still talks
+/// to node 2.
+fn assert_only_the_hostile_connection_closed(sim: &mut Sim, s: u64) {
+    let ok = sim.run_until(2_000_000, |sim| sim.nodes[0].engine.conn_details(nid(1)).is_empty());
+    assert!(ok, "seed {s}: node 0 closed its connection to the hostile peer");
+    let sink = sim.put(0, 2, 900, 70_000);
+    assert!(sim.wait_send(0, 900, 2_000_000).is_ok(), "seed {s}: node 2 still served");
+    assert!(sink.to_vec(0, 70_000).unwrap().iter().enumerate().all(|(i, &x)| x == pattern_byte(900, i)));
+    assert_eq!(sim.nodes[0].engine.conn_details(nid(2)).len(), 1, "seed {s}");
+}
+
+/// Node 1 sends an IMMEDIATE PUT to node 0 that `rule` mangles.
+fn immediate_case(s: u64, rule: Rule) -> Sim {
+    let mut sim = sim_with_hostile(s, rule);
+    // Node 0 talks to node 2 first so that connection exists before the attack.
+    sim.put(0, 2, 800, 100);
+    assert!(sim.wait_send(0, 800, 1_000_000).is_ok(), "seed {s}");
+    let sink = Arc::new(Buffer::new(500));
+    sim.nodes[0].lnet.post_sink(1, vec![Frag::whole(sink.clone())], 500);
+    let (a, b) = (nid(1), nid(0));
+    let msg = lnet_shim::lnd::LndSend {
+        target: b,
+        hdr: put_hdr(a, b, 1, 500),
+        payload: vec![Frag::whole(filled(1, 500))],
+        get_sink: None,
+        token: 1,
+    };
+    sim.nodes[1].engine.send(sim.now, msg).unwrap();
+    assert_only_the_hostile_connection_closed(&mut sim, s);
+    sim.gather();
+    assert!(!sim.recvs.contains_key(&(0, 1)), "seed {s}: the mangled message was not delivered");
+    assert!(sink.to_vec(0, 500).unwrap().iter().all(|&x| x == 0), "seed {s}: sink untouched");
+    sim
+}
+
+#[test]
+fn wrong_magic_closes_only_that_connection() {
+    let s = seed();
+    let sim = immediate_case(s, on_type(MsgType::Immediate, |m| m[0] ^= 0xff));
+    assert!(sim.nodes[0].engine.stats().protocol_errors >= 1);
+}
+
+#[test]
+fn wrong_version_closes_only_that_connection() {
+    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[4] = 0x77));
+}
+
+#[test]
+fn lying_lengths_close_only_that_connection() {
+    // nob larger than what arrived, and nob smaller than the header.
+    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[8..12].copy_from_slice(&4096u32.to_le_bytes())));
+    immediate_case(
+        seed() + 1,
+        on_type(MsgType::Immediate, |m| m[8..12].copy_from_slice(&20u32.to_le_bytes())),
+    );
+}
+
+#[test]
+fn wrong_source_nid_is_stale_and_closes_only_that_connection() {
+    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[16] ^= 1));
+}
+
+#[test]
+fn wrong_stamps_are_stale_and_close_only_that_connection() {
+    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[24] ^= 1));
+    immediate_case(seed() + 1, on_type(MsgType::Immediate, |m| m[40] ^= 1));
+}
+
+#[test]
+fn credit_overflow_closes_only_that_connection() {
+    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[7] = 200));
+}
+
+#[test]
+fn a_garbled_lnet_header_closes_only_that_connection() {
+    // The LNet message type inside the IMMEDIATE (bytes 48+24..) becomes unknown.
+    immediate_case(
+        seed(),
+        on_type(MsgType::Immediate, |m| m[48 + 24..48 + 28].copy_from_slice(&99u32.to_le_bytes())),
+    );
+}
+
+/// Node 0 PUTs 256 KiB to node 1, whose PUT_ACK `rule` mangles.
+fn put_ack_case(s: u64, rule: Rule) -> Sim {
+    let mut sim = sim_with_hostile(s, rule);
+    sim.put(0, 2, 800, 100);
+    assert!(sim.wait_send(0, 800, 1_000_000).is_ok(), "seed {s}");
+    sim.put(0, 1, 1, 256 << 10);
+    let r = sim.wait_send(0, 1, 2_000_000);
+    assert!(r.is_err(), "seed {s}: the PUT fails: {r:?}");
+    assert_only_the_hostile_connection_closed(&mut sim, s);
+    sim.gather();
+    assert_eq!(sim.sends[&(0, 1)].0, 1, "seed {s}: completed exactly once");
+    sim
+}
+
+#[test]
+fn an_unknown_cookie_closes_only_that_connection() {
+    // PUT_ACK's src_cookie (body offset 0 = byte 48) no longer names the PUT_REQ.
+    let sim = put_ack_case(seed(), on_type(MsgType::PutAck, |m| m[48] ^= 0x10));
+    assert!(sim.nodes[0].engine.stats().protocol_errors >= 1);
+}
+
+#[test]
+fn a_descriptor_pointing_outside_the_sink_writes_nothing() {
+    // PUT_ACK's first fragment address (48 + 16 cookies + 8 key/nfrags + 4 nob = byte 76)
+    // moves past the end of the sink: the sink's device refuses the RDMA WRITE.
+    let s = seed();
+    let mut sim = put_ack_case(
+        s,
+        on_type(MsgType::PutAck, |m| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&m[76..84]);
+            let addr = u64::from_le_bytes(a) + (256 << 10);
+            m[76..84].copy_from_slice(&addr.to_le_bytes());
+        }),
+    );
+    let st = sim.nodes[1].engine.device().stats();
+    assert!(st.access_errors >= 1, "seed {s}: the WRITE was refused by protection: {st:?}");
+    sim.gather();
+    assert!(!sim.recvs.contains_key(&(1, 1)) || sim.recvs[&(1, 1)].1.is_err(), "seed {s}");
+}
+
+#[test]
+fn an_unexpected_message_type_closes_only_that_connection() {
+    // A CONNACK type on an established connection.
+    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[6] = MsgType::ConnAck.as_u8()));
+    let _ = Errno::EPROTO;
+}
