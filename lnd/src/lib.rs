@@ -13,6 +13,7 @@
 pub mod clock;
 pub mod cm;
 pub mod credits;
+pub mod driver;
 pub mod engine;
 pub mod fabric;
 pub mod rng;

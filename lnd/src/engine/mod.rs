@@ -21,6 +21,7 @@ mod connect;
 mod peer;
 mod rx;
 mod send;
+pub use send::validate_send;
 #[cfg(test)]
 mod tests;
 pub(crate) mod tx;
@@ -997,6 +998,24 @@ impl<D: Device> Engine<D> {
             if let Waiting::Send(msg) = w {
                 self.upcalls.send_done(msg.token, Err(err(Errno::ESHUTDOWN, Health::LocalDropped)));
             }
+        }
+    }
+
+    /// Ends a shutdown that did not drain in time: destroys every connection at once (their
+    /// transmits complete with their close errors) and fails whatever still waits.
+    pub fn abandon(&mut self, now: Instant) {
+        self.shutdown(now);
+        let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
+        for k in keys {
+            self.close_conn(now, k, err(Errno::ESHUTDOWN, Health::LocalDropped));
+            self.destroy_conn(now, k);
+        }
+        let left: Vec<usize> = self.txs.iter().map(|(k, _)| k).collect();
+        for t in left {
+            if let Some(tx) = self.txs.get_mut(t) {
+                tx.sending = 0;
+            }
+            self.abort_tx(t, err(Errno::ESHUTDOWN, Health::LocalDropped));
         }
     }
 

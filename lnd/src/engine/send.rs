@@ -84,6 +84,22 @@ pub(crate) fn plan_rdma(
     Ok(wrs)
 }
 
+/// The checks a send must pass before it is accepted: a peer on this network, a payload whose
+/// size matches the header, fragments inside their buffers.
+pub fn validate_send(me: Nid, msg: &LndSend) -> Result<(), LndError> {
+    if msg.target.net() != me.net() || msg.target.is_any() || msg.target == me {
+        return Err(err(Errno::EHOSTUNREACH, Health::LocalError));
+    }
+    let payload = frags_len(&msg.payload).ok_or(err(Errno::EINVAL, Health::LocalError))?;
+    if payload != msg.hdr.payload_length as usize
+        || !msg.payload.iter().all(Frag::is_valid)
+        || !msg.get_sink.iter().flatten().all(Frag::is_valid)
+    {
+        return Err(err(Errno::EINVAL, Health::LocalError));
+    }
+    Ok(())
+}
+
 impl<D: Device> Engine<D> {
     /// Accepts a message from LNet (`lnd_send`). Fails at once only for a bad request or after
     /// shutdown; otherwise the outcome comes through `send_done`.
@@ -91,16 +107,7 @@ impl<D: Device> Engine<D> {
         if self.shutdown {
             return Err(err(Errno::ESHUTDOWN, Health::LocalDropped));
         }
-        if msg.target.net() != self.cfg.nid.net() || msg.target.is_any() {
-            return Err(err(Errno::EHOSTUNREACH, Health::LocalError));
-        }
-        let payload = frags_len(&msg.payload).ok_or(err(Errno::EINVAL, Health::LocalError))?;
-        if payload != msg.hdr.payload_length as usize
-            || !msg.payload.iter().all(Frag::is_valid)
-            || !msg.get_sink.iter().flatten().all(Frag::is_valid)
-        {
-            return Err(err(Errno::EINVAL, Health::LocalError));
-        }
+        validate_send(self.cfg.nid, &msg)?;
         self.launch(now, msg);
         Ok(())
     }

@@ -1,0 +1,353 @@
+//! The driver: the thin, threaded shell around the engine that implements [`Lnd`].
+//!
+//! One scheduler thread per network interface owns the [`Engine`] (its connections, credit
+//! state and descriptors need no lock). It sleeps in a mio loop over the device's fds, every
+//! connection's completion-channel fd and a [`mio::Waker`]; it reads the OS clock once per turn
+//! and passes it in; it sleeps until the engine's next deadline. LNet's calls
+//! ([`Lnd::send`], [`Lnd::close_peer`], queries) arrive on a lock-free queue
+//! (`crossbeam-queue`) and wake it; upcalls into LNet run on it.
+//!
+//! Completion queues are handled the way verbs consumers must: on a CQ fd event the engine
+//! consumes the notification, drains the CQ in batches, re-arms it and drains it once more.
+//!
+//! `nscheds`: this driver runs one scheduler per interface; the tunable is read and reported
+//! but connections are not sharded across several threads (see the README).
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_queue::SegQueue;
+use lnet_shim::event::Errno;
+use lnet_shim::lnd::{Health, Lnd, LndError, LndSend, LndUpcalls, PeerInfo};
+use lnet_shim::nid::Nid;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+
+use crate::clock::{Clock, wall_clock_micros};
+use crate::engine::{Engine, EngineConfig, EngineError, EngineStats, FdChange, validate_send};
+use crate::fabric::soft::{SoftConfig, SoftDevice};
+use crate::fabric::{Device, FabricError, FabricStats};
+use crate::tunables::Tunables;
+
+const WAKER: Token = Token(0);
+const DEVICE_BASE: usize = 1;
+const CQ_BASE: usize = 1 << 20;
+/// How long a shutdown may take to drain before everything is abandoned.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// Longest sleep between turns (bounds the latency of anything not fd-driven).
+const MAX_SLEEP: Duration = Duration::from_millis(250);
+/// How long a query (peers, stats) waits for the scheduler.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Which fabric the interface runs on.
+#[derive(Clone, Debug)]
+pub enum FabricChoice {
+    /// The software RC device on real UDP sockets bound to the NID's address.
+    Soft(SoftConfig),
+    /// A real RDMA NIC through libibverbs.
+    #[cfg(feature = "verbs")]
+    Verbs(crate::fabric::verbs::VerbsConfig),
+}
+
+/// How to start a driver.
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    /// The interface's NID.
+    pub nid: Nid,
+    /// The `ko2iblnd` tunables (finalized).
+    pub tunables: Tunables,
+    /// The fabric.
+    pub fabric: FabricChoice,
+    /// Seed for the engine (PSNs, comm ids); `None` draws one from the OS.
+    pub seed: Option<u64>,
+}
+
+impl DriverConfig {
+    /// A driver on the software fabric with default tunables.
+    pub fn soft(nid: Nid, tunables: Tunables) -> DriverConfig {
+        DriverConfig { nid, tunables, fabric: FabricChoice::Soft(SoftConfig::default()), seed: None }
+    }
+}
+
+/// Why a driver could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriverError {
+    /// The fabric device could not be opened.
+    #[error("cannot open the fabric for {nid}: {source}")]
+    Fabric {
+        /// The interface.
+        nid: Nid,
+        /// Why.
+        #[source]
+        source: FabricError,
+    },
+    /// The engine refused the configuration.
+    #[error("cannot start the LND on {nid}: {source}")]
+    Engine {
+        /// The interface.
+        nid: Nid,
+        /// Why.
+        #[source]
+        source: EngineError,
+    },
+    /// The OS refused a poller, waker or thread.
+    #[error("cannot start the scheduler: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Counters of a running driver.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverStats {
+    /// The engine's counters.
+    pub engine: EngineStats,
+    /// The fabric's counters.
+    pub fabric: FabricStats,
+    /// Connections alive.
+    pub connections: usize,
+    /// Descriptors in use / total.
+    pub tx_descriptors: (usize, u32),
+    /// Scheduler turns.
+    pub turns: u64,
+}
+
+enum Cmd {
+    Send(LndSend),
+    ClosePeer(Nid),
+    Peers(mpsc::Sender<Vec<PeerInfo>>),
+    Stats(mpsc::Sender<DriverStats>),
+    Shutdown,
+}
+
+struct Shared {
+    nid: Nid,
+    queue: SegQueue<Cmd>,
+    waker: Waker,
+    stopping: AtomicBool,
+    upcalls: Arc<dyn LndUpcalls>,
+}
+
+/// A running o2iblnd interface: an [`Lnd`] for LNet.
+pub struct Driver {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Driver({})", self.shared.nid)
+    }
+}
+
+impl Driver {
+    /// Opens the fabric, starts the engine and its scheduler thread; upcalls go to `upcalls`.
+    pub fn start(config: DriverConfig, upcalls: Arc<dyn LndUpcalls>) -> Result<Driver, DriverError> {
+        let nid = config.nid;
+        match config.fabric.clone() {
+            FabricChoice::Soft(soft) => {
+                let soft = SoftConfig { name: format!("soft-{}", nid.addr()), ..soft };
+                let dev = SoftDevice::open_udp(nid.addr(), soft).map_err(|source| DriverError::Fabric { nid, source })?;
+                Driver::start_on(dev, config, upcalls)
+            }
+            #[cfg(feature = "verbs")]
+            FabricChoice::Verbs(vc) => {
+                let dev =
+                    crate::fabric::verbs::VerbsDevice::open(vc).map_err(|source| DriverError::Fabric { nid, source })?;
+                Driver::start_on(dev, config, upcalls)
+            }
+        }
+    }
+
+    /// Starts on an already opened device.
+    pub fn start_on<D: Device>(dev: D, config: DriverConfig, upcalls: Arc<dyn LndUpcalls>) -> Result<Driver, DriverError> {
+        let nid = config.nid;
+        let seed = config.seed.unwrap_or_else(crate::rng::os_seed);
+        let ecfg = EngineConfig::new(nid, config.tunables, wall_clock_micros(), seed);
+        let engine = Engine::new(dev, ecfg, upcalls.clone()).map_err(|source| DriverError::Engine { nid, source })?;
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let shared = Arc::new(Shared { nid, queue: SegQueue::new(), waker, stopping: AtomicBool::new(false), upcalls });
+        let s2 = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("o2iblnd-{}", nid.addr()))
+            .spawn(move || Scheduler::new(engine, poll, s2).run())?;
+        Ok(Driver { shared, thread: Mutex::new(Some(thread)) })
+    }
+
+    fn push(&self, cmd: Cmd) {
+        self.shared.queue.push(cmd);
+        let _ = self.shared.waker.wake();
+    }
+
+    /// Counters (asks the scheduler; `None` if it does not answer in time).
+    pub fn stats(&self) -> Option<DriverStats> {
+        let (tx, rx) = mpsc::channel();
+        self.push(Cmd::Stats(tx));
+        rx.recv_timeout(QUERY_TIMEOUT).ok()
+    }
+}
+
+impl Lnd for Driver {
+    fn nid(&self) -> Nid {
+        self.shared.nid
+    }
+
+    fn send(&self, msg: LndSend) -> Result<(), LndError> {
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return Err(LndError::new(Errno::ESHUTDOWN, Health::LocalDropped));
+        }
+        validate_send(self.shared.nid, &msg)?;
+        self.push(Cmd::Send(msg));
+        Ok(())
+    }
+
+    fn peers(&self) -> Vec<PeerInfo> {
+        let (tx, rx) = mpsc::channel();
+        self.push(Cmd::Peers(tx));
+        rx.recv_timeout(QUERY_TIMEOUT).unwrap_or_default()
+    }
+
+    fn close_peer(&self, peer: Nid) {
+        self.push(Cmd::ClosePeer(peer));
+    }
+
+    fn shutdown(&self) {
+        if !self.shared.stopping.swap(true, Ordering::AcqRel) {
+            self.push(Cmd::Shutdown);
+        }
+        let handle = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+struct Scheduler<D: Device> {
+    engine: Engine<D>,
+    poll: Poll,
+    shared: Arc<Shared>,
+    clock: Clock,
+    cq_fds: HashMap<RawFd, usize>,
+    turns: u64,
+}
+
+impl<D: Device> Scheduler<D> {
+    fn new(engine: Engine<D>, poll: Poll, shared: Arc<Shared>) -> Scheduler<D> {
+        Scheduler { engine, poll, shared, clock: Clock::new(), cq_fds: HashMap::new(), turns: 0 }
+    }
+
+    fn run(mut self) {
+        for (i, fd) in self.engine.device().pollable_fds().into_iter().enumerate() {
+            let _ = self.poll.registry().register(&mut SourceFd(&fd), Token(DEVICE_BASE + i), Interest::READABLE);
+        }
+        let mut events = Events::with_capacity(256);
+        let mut shutdown_deadline = None;
+        loop {
+            self.turns += 1;
+            let now = self.clock.now();
+            while let Some(cmd) = self.shared.queue.pop() {
+                match cmd {
+                    Cmd::Send(msg) => {
+                        let token = msg.token;
+                        if let Err(e) = self.engine.send(now, msg) {
+                            // Accepted by `Lnd::send`, refused now (shutdown raced it): report.
+                            self.shared.upcalls.send_done(token, Err(e));
+                        }
+                    }
+                    Cmd::ClosePeer(nid) => self.engine.close_peer(now, nid),
+                    Cmd::Peers(tx) => {
+                        let _ = tx.send(self.engine.peers());
+                    }
+                    Cmd::Stats(tx) => {
+                        let _ = tx.send(DriverStats {
+                            engine: self.engine.stats(),
+                            fabric: self.engine.device().stats(),
+                            connections: self.engine.connections(),
+                            tx_descriptors: self.engine.tx_descriptors(),
+                            turns: self.turns,
+                        });
+                    }
+                    Cmd::Shutdown => {
+                        self.engine.shutdown(now);
+                        shutdown_deadline = Some(now + SHUTDOWN_GRACE);
+                    }
+                }
+            }
+            self.engine.poll(now);
+            self.apply_fd_changes();
+            if let Some(deadline) = shutdown_deadline {
+                if self.engine.is_idle() {
+                    break;
+                }
+                if now >= deadline {
+                    self.engine.abandon(now);
+                    break;
+                }
+            }
+            let timeout = match self.engine.next_deadline() {
+                Some(t) if t <= now => Duration::ZERO,
+                Some(t) => t.saturating_duration_since(now).min(MAX_SLEEP),
+                None => MAX_SLEEP,
+            };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    break;
+                }
+            }
+            for ev in events.iter() {
+                let Token(t) = ev.token();
+                if t >= CQ_BASE {
+                    self.engine.cq_ready(t - CQ_BASE);
+                }
+            }
+        }
+        // Sends that raced the shutdown are reported, never dropped.
+        while let Some(cmd) = self.shared.queue.pop() {
+            match cmd {
+                Cmd::Send(msg) => {
+                    self.shared.upcalls.send_done(msg.token, Err(LndError::new(Errno::ESHUTDOWN, Health::LocalDropped)))
+                }
+                Cmd::Peers(tx) => {
+                    let _ = tx.send(Vec::new());
+                }
+                Cmd::ClosePeer(_) | Cmd::Stats(_) | Cmd::Shutdown => {}
+            }
+        }
+    }
+
+    fn apply_fd_changes(&mut self) {
+        for change in self.engine.take_fd_changes() {
+            match change {
+                FdChange::Add { fd, token } => {
+                    if self
+                        .poll
+                        .registry()
+                        .register(&mut SourceFd(&fd), Token(CQ_BASE + token), Interest::READABLE)
+                        .is_ok()
+                    {
+                        self.cq_fds.insert(fd, token);
+                    }
+                    // A completion may already be waiting on the new CQ.
+                    self.engine.cq_ready(token);
+                }
+                FdChange::Remove { fd } => {
+                    if self.cq_fds.remove(&fd).is_some() {
+                        let _ = self.poll.registry().deregister(&mut SourceFd(&fd));
+                    }
+                }
+            }
+        }
+    }
+}
