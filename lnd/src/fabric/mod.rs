@@ -30,6 +30,8 @@ pub mod dma;
 pub mod error;
 pub mod soft;
 pub mod types;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 
 use std::net::Ipv4Addr;
 use std::os::fd::RawFd;
