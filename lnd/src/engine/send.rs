@@ -3,9 +3,10 @@
 //!
 //! A PUT or REPLY whose header and payload fit a 4 KiB message goes IMMEDIATE (copied); a larger
 //! one sends a PUT_REQ and moves the payload by RDMA WRITE once the sink's PUT_ACK names where.
-//! A GET whose reply fits an IMMEDIATE goes as a header-only IMMEDIATE (the peer's LNet sends a
-//! REPLY message); a larger one sends a GET_REQ carrying the sink's RDMA descriptor and the peer
-//! writes the reply into it. The LND never issues RDMA READ.
+//! A GET that names its sink sends a GET_REQ carrying the sink's RDMA descriptor and the peer
+//! writes the reply into it (even a small reply, so that a GET matching nothing is answered
+//! with an error); a GET without a sink goes as a header-only IMMEDIATE and the peer's LNet
+//! answers with a REPLY message. The LND never issues RDMA READ.
 
 use lnet_shim::event::Errno;
 use lnet_shim::hdr::LnetMsgType;
@@ -127,7 +128,11 @@ impl<D: Device> Engine<D> {
         let sink_len = msg.get_sink.as_deref().and_then(frags_len);
         let kind = msg.hdr.msg_type();
         let hdr = msg.hdr.encode();
-        let rdma_get = kind == LnetMsgType::Get && sink_len.is_some_and(|n| n > IBLND_MAX_IMMEDIATE);
+        // A GET that names its sink always goes as GET_REQ, however small: the reply is written
+        // into the sink and a GET that matches nothing comes back as GET_DONE(-ENODATA).
+        // (o2iblnd sends GETs whose reply fits a message as header-only IMMEDIATEs and lets the
+        // peer's LNet send a REPLY; a dropped one is then never answered.)
+        let rdma_get = kind == LnetMsgType::Get && sink_len.is_some();
         let msg_type = if rdma_get {
             MsgType::GetReq
         } else if payload_len <= IBLND_MAX_IMMEDIATE {

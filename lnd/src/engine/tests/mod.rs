@@ -569,7 +569,7 @@ impl Workload {
                 };
                 (b, msg)
             };
-            let small_get = is_get && len <= crate::wire::IBLND_MAX_IMMEDIATE;
+            let small_get = false;
             sim.nodes[a].engine.send(now, msg).unwrap();
             self.issued += 1;
             self.live
