@@ -3,6 +3,8 @@
 //! It mirrors the kernel's split between LNet and its network drivers (LNDs): this crate owns
 //! NIDs, the LNet header, memory descriptors, match entries, events and LNet-level flow control;
 //! an LND (the `lnd` crate's o2iblnd) plugs in behind the [`Lnd`] trait and moves the bytes.
+//! [`Lnet`] is the entry point (see [`lnet`] for its contract); [`loopback`] is an in-process
+//! LND for tests.
 //!
 //! `unsafe` is denied except in [`buffer`], which owns memory that devices write.
 #![deny(unsafe_code)]
@@ -11,6 +13,8 @@ pub mod buffer;
 pub mod event;
 pub mod hdr;
 pub mod lnd;
+pub mod lnet;
+pub mod loopback;
 pub mod matching;
 pub mod nid;
 
@@ -24,6 +28,11 @@ pub use lnd::{
     Frag, Health, Lnd, LndError, LndSend, LndUpcalls, PeerInfo, PeerState, RecvDisposition, SendStatus,
     frags_len,
 };
+pub use lnet::{
+    AckReq, DROP_NAK_MLENGTH, DropCounts, Lnet, LnetConfig, LnetError, LnetStats, Md, MsgCounters,
+    NetworkSpec, NetworksError, NiStats, NiStatus, PeerStats, parse_networks, resolve_nid,
+};
+pub use loopback::{LoopbackConfig, LoopbackError, LoopbackLnd, LoopbackNet};
 pub use matching::{
     ANY_PROCESS, DEFAULT_PORTALS, DropReason, InsertPos, MatchEntry, MatchError, MatchOp, MatchResult,
     Matched, MdHandle, MdOptions, MdSpec, MdStatus, MeHandle, PortalTable, Threshold, Unlink, UnlinkedMd,

@@ -107,7 +107,7 @@ impl FromStr for Net {
     /// Parses `o2ib`, `o2ib0`, `o2ib12`, `tcp`, `lo`.
     fn from_str(s: &str) -> Result<Net, NidParseError> {
         // The number is the trailing run of digits ("o2ib12" -> "o2ib", "12").
-        let split = s.rfind(|c: char| !c.is_ascii_digit()).map_or(0, |i| i + 1);
+        let split = s.char_indices().rfind(|(_, c)| !c.is_ascii_digit()).map_or(0, |(i, c)| i + c.len_utf8());
         let (name, digits) = s.split_at(split);
         let net_type = NetType::from_name(name)
             .ok_or_else(|| NidParseError::UnknownNetType { input: s.to_owned(), name: name.to_owned() })?;
@@ -311,7 +311,8 @@ mod tests {
 
     #[test]
     fn arbitrary_strings_never_panic() {
-        let samples = ["", "@", "@@", "1.2.3.4@", "1.2.3.4@o2ib-1", "\u{0}@o2ib", "9@lo9", "a@lo"];
+        let samples =
+            ["", "@", "@@", "1.2.3.4@", "1.2.3.4@o2ib-1", "\u{0}@o2ib", "9@lo9", "a@lo", "é", "1@é", "o2ibé"];
         for s in samples {
             let _ = s.parse::<Nid>();
             let _ = s.parse::<Net>();

@@ -1,0 +1,359 @@
+//! The receiving side: the upcalls an LND makes (`lnet_parse`, `lnet_finalize`), matching
+//! incoming PUTs and GETs, and ACKs and REPLYs for our own operations.
+//!
+//! Nothing here trusts the peer: every field of the header is checked against LNet's state
+//! before it is used, and anything that does not fit is dropped and counted.
+
+use std::sync::Weak;
+
+use super::md::slice_frags;
+use super::{AckTo, DROP_NAK_MLENGTH, Inner, MsgKind, Phase, ReplyTo, State, Work, event_template};
+use super::{Msg, ni::CreditState};
+use crate::event::{Errno, EventKind};
+use crate::hdr::{AckMsg, GetMsg, LnetHdr, LnetMsg, PutMsg, ReplyMsg};
+use crate::lnd::{LndError, LndUpcalls, RecvDisposition, SendStatus};
+use crate::matching::{DropReason, MatchResult, MdOptions};
+use crate::nid::Nid;
+
+/// LNet's upcall object for one NI (what [`crate::Lnd`]s call). Holds LNet weakly: an LND never
+/// keeps LNet alive.
+pub(super) struct NiUpcalls {
+    lnet: Weak<Inner>,
+    ni: usize,
+}
+
+impl NiUpcalls {
+    pub(super) fn new(lnet: Weak<Inner>, ni: usize) -> NiUpcalls {
+        NiUpcalls { lnet, ni }
+    }
+}
+
+impl LndUpcalls for NiUpcalls {
+    fn recv(&self, from: Nid, hdr: &LnetHdr, rdma: bool) -> RecvDisposition {
+        match self.lnet.upgrade() {
+            Some(inner) => inner.run(|st, work| st.recv(self.ni, from, hdr, rdma, work)),
+            None => RecvDisposition::Drop,
+        }
+    }
+
+    fn recv_done(&self, token: u64, result: Result<usize, LndError>) {
+        if let Some(inner) = self.lnet.upgrade() {
+            inner.run(|st, work| st.recv_done(token, result, work));
+        }
+    }
+
+    fn send_done(&self, token: u64, result: Result<SendStatus, LndError>) {
+        if let Some(inner) = self.lnet.upgrade() {
+            inner.run(|st, work| st.send_done(token, result, work));
+        }
+    }
+}
+
+/// Why an incoming message is dropped (counted per NI by reason).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DropWhy {
+    Match(DropReason),
+    NotForMe,
+    Routed,
+    Unexpected,
+    BadType,
+}
+
+impl State {
+    /// `lnet_parse`: a message arrived on NI `ni` from LND peer `from`.
+    fn recv(&mut self, ni: usize, from: Nid, hdr: &LnetHdr, rdma: bool, work: &mut Work) -> RecvDisposition {
+        if self.phase != Phase::Running {
+            return RecvDisposition::Drop;
+        }
+        let rlength = u64::from(hdr.payload_length);
+        if !self.is_local(hdr.dest.nid) || hdr.dest.pid != self.pid {
+            return self.dropped(ni, from, rlength, DropWhy::NotForMe);
+        }
+        if from != hdr.src.nid {
+            return self.dropped(ni, from, rlength, DropWhy::Routed);
+        }
+        match hdr.msg {
+            LnetMsg::Put(p) => self.recv_put(ni, from, hdr, p, rdma, work),
+            LnetMsg::Get(g) => self.recv_get(ni, from, hdr, g, rdma, work),
+            LnetMsg::Ack(a) => self.recv_ack(ni, from, hdr, a, work),
+            LnetMsg::Reply(r) => self.recv_reply(ni, from, hdr, r, work),
+            LnetMsg::Hello(_) => self.dropped(ni, from, rlength, DropWhy::BadType),
+        }
+    }
+
+    /// Counts a drop on the NI and the peer.
+    fn dropped(&mut self, ni: usize, from: Nid, bytes: u64, why: DropWhy) -> RecvDisposition {
+        if let Some(n) = self.nis.get_mut(ni) {
+            let d = &mut n.drops;
+            match why {
+                DropWhy::Match(DropReason::NoMatch) => d.no_match += 1,
+                DropWhy::Match(DropReason::TooLong { .. }) => d.too_long += 1,
+                DropWhy::Match(DropReason::BadPortal) => d.bad_portal += 1,
+                DropWhy::NotForMe => d.not_for_me += 1,
+                DropWhy::Routed => d.routed += 1,
+                DropWhy::Unexpected => d.unexpected += 1,
+                DropWhy::BadType => d.bad_type += 1,
+            }
+            n.counters.drop_count += 1;
+            n.counters.drop_bytes += bytes;
+            let p = n.peer_mut(from);
+            p.counters.drop_count += 1;
+            p.counters.drop_bytes += bytes;
+        }
+        RecvDisposition::Drop
+    }
+
+    /// Counts an accepted incoming message.
+    fn accepted(&mut self, ni: usize, from: Nid) {
+        if let Some(n) = self.nis.get_mut(ni) {
+            n.counters.recv_count += 1;
+            n.peer_mut(from).counters.recv_count += 1;
+        }
+    }
+
+    /// Registers an incoming message and returns its token.
+    fn new_recv(&mut self, ni: usize, from: Nid, kind: MsgKind) -> u64 {
+        let token = self.new_token();
+        self.msgs.insert(token, Msg { ni, peer: from, credit: CreditState::None, queued: None, kind });
+        token
+    }
+
+    fn recv_put(
+        &mut self,
+        ni: usize,
+        from: Nid,
+        hdr: &LnetHdr,
+        p: PutMsg,
+        rdma: bool,
+        work: &mut Work,
+    ) -> RecvDisposition {
+        let rlength = u64::from(hdr.payload_length);
+        let matched = self.table.match_put(hdr.src, p.ptl_index, p.match_bits, rlength, u64::from(p.offset));
+        let m = match matched {
+            MatchResult::Matched(m) => m,
+            MatchResult::Dropped(reason) => {
+                if !rdma && !p.ack_wmd.is_none() {
+                    // lnet-shim's drop NAK: tell the initiator its small PUT went nowhere.
+                    let ack = AckTo {
+                        to: hdr.src,
+                        me: hdr.dest,
+                        wmd: p.ack_wmd,
+                        match_bits: p.match_bits,
+                        mlength: DROP_NAK_MLENGTH,
+                    };
+                    self.send_ack(ni, ack, work);
+                }
+                return self.dropped(ni, from, rlength, DropWhy::Match(reason));
+            }
+        };
+        let id = m.user_ptr;
+        let Some(rec) = self.mds.get_mut(&id) else {
+            return self.dropped(ni, from, rlength, DropWhy::Match(DropReason::NoMatch));
+        };
+        rec.refs += 1;
+        if m.unlinked {
+            rec.unlinked = true;
+        }
+        let frags = slice_frags(&rec.frags, m.offset, m.mlength);
+        let template = event_template(
+            EventKind::Put,
+            hdr.src,
+            hdr.dest,
+            p.ptl_index,
+            p.match_bits,
+            rlength,
+            m.mlength,
+            m.offset,
+            p.hdr_data,
+            hdr,
+        );
+        let ack = (!p.ack_wmd.is_none() && !m.options.contains(MdOptions::ACK_DISABLE)).then_some(AckTo {
+            to: hdr.src,
+            me: hdr.dest,
+            wmd: p.ack_wmd,
+            match_bits: p.match_bits,
+            mlength: m.mlength as u32,
+        });
+        self.accepted(ni, from);
+        let token = self.new_recv(ni, from, MsgKind::RecvPut { md: id, template, ack, rdma });
+        RecvDisposition::Sink { frags, mlength: m.mlength as usize, token }
+    }
+
+    fn recv_get(
+        &mut self,
+        ni: usize,
+        from: Nid,
+        hdr: &LnetHdr,
+        g: GetMsg,
+        rdma: bool,
+        _work: &mut Work,
+    ) -> RecvDisposition {
+        let rlength = u64::from(g.sink_length);
+        let matched =
+            self.table.match_get(hdr.src, g.ptl_index, g.match_bits, rlength, u64::from(g.src_offset));
+        let m = match matched {
+            MatchResult::Matched(m) => m,
+            // An RDMA GET is answered GET_DONE(-ENODATA) by the LND; a header-only one (from a
+            // kernel peer) is dropped silently, as LNet does.
+            MatchResult::Dropped(reason) => return self.dropped(ni, from, 0, DropWhy::Match(reason)),
+        };
+        let id = m.user_ptr;
+        let Some(rec) = self.mds.get_mut(&id) else {
+            return self.dropped(ni, from, 0, DropWhy::Match(DropReason::NoMatch));
+        };
+        rec.refs += 1;
+        if m.unlinked {
+            rec.unlinked = true;
+        }
+        let frags = slice_frags(&rec.frags, m.offset, m.mlength);
+        let template = event_template(
+            EventKind::Get,
+            hdr.src,
+            hdr.dest,
+            g.ptl_index,
+            g.match_bits,
+            rlength,
+            m.mlength,
+            m.offset,
+            0,
+            hdr,
+        );
+        let reply =
+            (!rdma).then(|| ReplyTo { to: hdr.src, me: hdr.dest, wmd: g.return_wmd, frags: frags.clone() });
+        self.accepted(ni, from);
+        let token = self.new_recv(ni, from, MsgKind::RecvGet { md: id, template, reply });
+        RecvDisposition::Source { frags, token }
+    }
+
+    fn recv_ack(
+        &mut self,
+        ni: usize,
+        from: Nid,
+        hdr: &LnetHdr,
+        a: AckMsg,
+        work: &mut Work,
+    ) -> RecvDisposition {
+        let pending = self.md_of_wire(a.dst_wmd).and_then(|id| {
+            let rec = self.mds.get_mut(&id)?;
+            let at = rec
+                .pending
+                .iter()
+                .position(|p| p.kind == EventKind::Ack && p.peer == from && p.match_bits == a.match_bits)?;
+            Some((id, rec.pending.remove(at)))
+        });
+        let Some((id, p)) = pending else {
+            return self.dropped(ni, from, 0, DropWhy::Unexpected);
+        };
+        self.accepted(ni, from);
+        let mut t = p.template;
+        t.initiator = hdr.dest;
+        t.target = hdr.src;
+        let status = if a.mlength == DROP_NAK_MLENGTH {
+            t.mlength = 0;
+            Err(Errno::ENODATA)
+        } else {
+            t.mlength = u64::from(a.mlength);
+            Ok(())
+        };
+        self.response_event(id, p.op, EventKind::Ack, &t, status, work);
+        // Nothing to receive: the ACK is complete.
+        RecvDisposition::Drop
+    }
+
+    fn recv_reply(
+        &mut self,
+        ni: usize,
+        from: Nid,
+        hdr: &LnetHdr,
+        r: ReplyMsg,
+        work: &mut Work,
+    ) -> RecvDisposition {
+        let rlength = u64::from(hdr.payload_length);
+        let found = self.md_of_wire(r.dst_wmd).and_then(|id| {
+            let rec = self.mds.get_mut(&id)?;
+            let at = rec.pending.iter().position(|p| p.kind == EventKind::Reply && p.peer == from)?;
+            Some((id, rec.pending.remove(at), rec.length, rec.options.contains(MdOptions::TRUNCATE)))
+        });
+        let Some((id, p, length, truncate)) = found else {
+            return self.dropped(ni, from, rlength, DropWhy::Unexpected);
+        };
+        let mut t = p.template;
+        t.rlength = rlength;
+        if rlength > length && !truncate {
+            // LNet drops a REPLY too big for the MD; the GET ends with the error.
+            self.response_event(id, p.op, EventKind::Reply, &t, Err(Errno::EMSGSIZE), work);
+            return self.dropped(
+                ni,
+                from,
+                rlength,
+                DropWhy::Match(DropReason::TooLong {
+                    md: crate::matching::MdHandle::from_cookie(id),
+                    rlength,
+                    available: length,
+                }),
+            );
+        }
+        let mlength = rlength.min(length);
+        t.mlength = mlength;
+        let frags = match self.mds.get(&id) {
+            Some(rec) => slice_frags(&rec.frags, 0, mlength),
+            None => Vec::new(),
+        };
+        self.accepted(ni, from);
+        // The response's reference moves to the receive.
+        let token = self.new_recv(ni, from, MsgKind::RecvReply { md: id, template: t, op: p.op });
+        RecvDisposition::Sink { frags, mlength: mlength as usize, token }
+    }
+
+    /// `lnet_finalize` of a receive: the LND finished moving the data of receive `token`.
+    pub(super) fn recv_done(&mut self, token: u64, result: Result<usize, LndError>, work: &mut Work) {
+        let Some(msg) = self.msgs.get(&token) else { return };
+        if msg.kind.is_send() {
+            return; // an LND reporting a send token as a receive: ignore
+        }
+        let Some(msg) = self.msgs.remove(&token) else { return };
+        let (ni, peer) = (msg.ni, msg.peer);
+        if let Some(n) = self.nis.get_mut(ni) {
+            let p = n.peer_mut(peer);
+            match result {
+                Ok(bytes) => {
+                    p.counters.recv_bytes += bytes as u64;
+                    n.counters.recv_bytes += bytes as u64;
+                }
+                Err(_) => {
+                    p.counters.recv_errors += 1;
+                    n.counters.recv_errors += 1;
+                }
+            }
+        }
+        let status = result.map(|_| ()).map_err(|e| e.errno);
+        match msg.kind {
+            MsgKind::RecvPut { md, template, ack, rdma } => {
+                self.md_event(md, EventKind::Put, &template, status, true, work);
+                match (ack, status) {
+                    (Some(ack), Ok(())) => self.send_ack(ni, ack, work),
+                    // A small PUT that failed after matching: the initiator believes it
+                    // delivered, so tell it (an RDMA PUT's failure reaches it through the LND).
+                    (Some(ack), Err(_)) if !rdma => {
+                        self.send_ack(ni, AckTo { mlength: DROP_NAK_MLENGTH, ..ack }, work)
+                    }
+                    _ => {}
+                }
+            }
+            MsgKind::RecvGet { md, template, reply } => match (reply, status) {
+                (Some(reply), Ok(())) if self.phase == Phase::Running => {
+                    self.send_reply(ni, md, template, reply, work)
+                }
+                _ => self.md_event(md, EventKind::Get, &template, status, true, work),
+            },
+            MsgKind::RecvReply { md, template, op } => {
+                let mut t = template;
+                if let Ok(n) = result {
+                    t.mlength = n as u64;
+                }
+                self.response_event(md, op, EventKind::Reply, &t, status, work);
+            }
+            MsgKind::Put { .. } | MsgKind::Get { .. } | MsgKind::Ack | MsgKind::Reply { .. } => {}
+        }
+    }
+}
