@@ -1,0 +1,267 @@
+//! LNet end to end over the real o2iblnd driver: two `Lnet`s in this process, on
+//! 127.0.0.1@o2ib and 127.0.0.2@o2ib, each with an `lnd::driver::Driver` on the software fabric
+//! (real UDP sockets, a port of this test's own).
+//!
+//! `LNET_E2E_SEED=<n>` replays the randomised test; failures name the seed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lnd::driver::{Driver, DriverConfig, FabricChoice};
+use lnd::fabric::soft::SoftConfig;
+use lnd::tunables::Tunables;
+use lnd_tests::unique_port;
+use lnet_shim::buffer::Buffer;
+use lnet_shim::event::{Errno, Event, EventKind, EventQueue};
+use lnet_shim::lnd::Lnd;
+use lnet_shim::matching::{ANY_PROCESS, MatchEntry, MdHandle, MdOptions, Threshold, Unlink};
+use lnet_shim::nid::{Nid, ProcessId};
+use lnet_shim::{AckReq, Lnet, LnetConfig, Md};
+
+const WAIT: Duration = Duration::from_secs(60);
+const PORTAL: u32 = 8;
+
+struct Node {
+    lnet: Lnet,
+    nid: Nid,
+}
+
+impl Node {
+    fn start(addr: &str, port: u16) -> Node {
+        let nid: Nid = format!("{addr}@o2ib").parse().unwrap();
+        let mut tunables = Tunables::default();
+        tunables.finalize().unwrap();
+        let (credits, peer_credits) = (tunables.credits, tunables.peer_credits);
+        let config = DriverConfig {
+            nid,
+            tunables,
+            fabric: FabricChoice::Soft(SoftConfig { udp_port: port, ..SoftConfig::default() }),
+            seed: None,
+        };
+        let lnet = Lnet::new(LnetConfig::default());
+        lnet.add_ni(nid, credits, peer_credits, |up| {
+            Driver::start(config, up).map(|d| Arc::new(d) as Arc<dyn Lnd>)
+        })
+        .unwrap_or_else(|e| panic!("cannot start {nid}: {e}"));
+        Node { lnet, nid }
+    }
+
+    fn pid(&self) -> ProcessId {
+        ProcessId::new(self.nid, ProcessId::PID_LUSTRE)
+    }
+}
+
+/// Two nodes on a port of their own (`offset` keeps the tests of this process apart).
+fn pair(offset: u16) -> (Node, Node) {
+    let port = unique_port(offset);
+    (Node::start("127.0.0.1", port), Node::start("127.0.0.2", port))
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn buf(data: &[u8]) -> Arc<Buffer> {
+    Arc::new(Buffer::from_slice(data))
+}
+
+fn next(q: &EventQueue) -> Event {
+    q.wait(WAIT).expect("an event within the wait")
+}
+
+fn post(n: &Node, bits: u64, b: Arc<Buffer>, options: MdOptions, q: &EventQueue) -> MdHandle {
+    let md = Md::contiguous(b).with_options(options).with_events(q.clone());
+    n.lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, bits), md, Unlink::Retain).unwrap().1
+}
+
+fn bind(n: &Node, b: Arc<Buffer>, ops: u32, q: &EventQueue) -> MdHandle {
+    let md = Md::contiguous(b).with_threshold(Threshold::Count(ops)).with_events(q.clone());
+    n.lnet.md_bind(md, Unlink::Auto).unwrap()
+}
+
+#[test]
+fn put_with_ack_immediate_and_rdma() {
+    let (a, b) = pair(0);
+    for (i, len) in [200usize, 1 << 20].into_iter().enumerate() {
+        let bits = 10 + i as u64;
+        let (qa, qb) = (EventQueue::new(8), EventQueue::new(8));
+        let sink = Arc::new(Buffer::new(len));
+        post(&b, bits, sink.clone(), MdOptions::OP_PUT, &qb);
+        let data = pattern(bits, len);
+        let h = bind(&a, buf(&data), 2, &qa);
+        a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, bits, 0, 0xabc).unwrap();
+        let put = next(&qb);
+        assert_eq!(
+            (put.kind, put.status, put.mlength, put.hdr_data),
+            (EventKind::Put, Ok(()), len as u64, 0xabc)
+        );
+        assert!(sink.to_vec(0, len).unwrap() == data, "PUT of {len} bytes corrupt");
+        let (send, ack) = (next(&qa), next(&qa));
+        assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())), "len {len}");
+        assert_eq!(
+            (ack.kind, ack.status, ack.mlength, ack.unlinked),
+            (EventKind::Ack, Ok(()), len as u64, true)
+        );
+    }
+    let s = b.lnet.stats();
+    let peer = s.ni(b.nid).unwrap().peer(a.nid).unwrap().clone();
+    assert_eq!(peer.counters.recv_bytes, 200 + (1 << 20));
+    let lnd = peer.lnd.expect("the LND reports the peer");
+    assert_eq!(lnd.state, lnet_shim::lnd::PeerState::Connected, "{s}");
+}
+
+#[test]
+fn get_reply_of_one_mib() {
+    let (a, b) = pair(1);
+    let len = 1 << 20;
+    let data = pattern(77, len);
+    let (qa, qb) = (EventQueue::new(8), EventQueue::new(8));
+    post(&b, 5, buf(&data), MdOptions::OP_GET, &qb);
+    let sink = Arc::new(Buffer::new(len));
+    let h = bind(&a, sink.clone(), 2, &qa);
+    a.lnet.get(h, b.pid(), PORTAL, 5, 0).unwrap();
+    let (send, reply) = (next(&qa), next(&qa));
+    assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())));
+    assert_eq!(
+        (reply.kind, reply.status, reply.mlength, reply.unlinked),
+        (EventKind::Reply, Ok(()), len as u64, true)
+    );
+    assert!(sink.to_vec(0, len).unwrap() == data, "GET data corrupt");
+    let get = next(&qb);
+    assert_eq!((get.kind, get.status, get.mlength), (EventKind::Get, Ok(()), len as u64));
+    assert_eq!(a.lnet.stats().mds, 0);
+}
+
+#[test]
+fn no_match_drop_is_seen_by_both_sides() {
+    let (a, b) = pair(2);
+    let q = EventQueue::new(32);
+    // Small PUT with ACK: the drop NAK ACK.
+    a.lnet.put(bind(&a, buf(&[1; 100]), 2, &q), AckReq::Ack, b.pid(), PORTAL, 1, 0, 0).unwrap();
+    let (send, ack) = (next(&q), next(&q));
+    assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())));
+    assert_eq!((ack.kind, ack.status), (EventKind::Ack, Err(Errno::ENODATA)));
+    // Large PUT: PUT_NAK(-ENODATA) from the LND.
+    a.lnet.put(bind(&a, buf(&pattern(2, 1 << 20)), 1, &q), AckReq::NoAck, b.pid(), PORTAL, 2, 0, 0).unwrap();
+    let send = next(&q);
+    assert_eq!((send.kind, send.status), (EventKind::Send, Err(Errno::ENODATA)));
+    // GET: GET_DONE(-ENODATA).
+    a.lnet.get(bind(&a, Arc::new(Buffer::new(4096)), 2, &q), b.pid(), PORTAL, 3, 0).unwrap();
+    let (send, reply) = (next(&q), next(&q));
+    assert_eq!((send.kind, send.status), (EventKind::Send, Err(Errno::ENODATA)));
+    assert_eq!((reply.kind, reply.status), (EventKind::Reply, Err(Errno::ENODATA)));
+    let s = b.lnet.stats();
+    let ni = s.ni(b.nid).unwrap();
+    assert_eq!(ni.drops.no_match, 3, "{s}");
+    assert_eq!(ni.peer(a.nid).unwrap().counters.drop_count, 3, "{s}");
+    assert_eq!(ni.counters.drop_bytes, 100 + (1 << 20), "{s}");
+    let sa = a.lnet.stats();
+    assert_eq!(sa.ni(a.nid).unwrap().counters.send_errors, 2, "{sa}");
+}
+
+struct Expect {
+    sink: Arc<Buffer>,
+    data: Vec<u8>,
+}
+
+/// Issues `ops` PUTs and GETs from `me` to `peer` at once and checks every byte.
+fn exchange(me: &Node, peer: &Node, seed: u64, ops: u64) {
+    let mut x = seed | 1;
+    let mut rnd = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let q = EventQueue::new(4 * ops as usize);
+    let tq = EventQueue::new(2 * ops as usize);
+    let base = u64::from(me.nid.addr().octets()[3]) << 40;
+    let mut expect: HashMap<u64, Expect> = HashMap::new();
+    for i in 0..ops {
+        let bits = base | i;
+        let len = match rnd(4) {
+            0 => rnd(300) as usize,
+            1 => 3900 + rnd(200) as usize,
+            2 => rnd(200_000) as usize,
+            _ => 1 << (10 + rnd(11)),
+        };
+        let data = pattern(seed ^ bits, len);
+        let entry = MatchEntry::new(me.pid(), bits).with_unlink(Unlink::Auto);
+        let sink = Arc::new(Buffer::new(len));
+        let mine = Md::contiguous(sink.clone()).with_threshold(Threshold::Count(2)).with_user_ptr(bits);
+        if rnd(2) == 0 {
+            let target = Md::contiguous(sink.clone())
+                .with_options(MdOptions::OP_PUT)
+                .with_threshold(Threshold::Count(1))
+                .with_events(tq.clone());
+            peer.lnet.attach(PORTAL, entry, target, Unlink::Auto).unwrap();
+            let src = Md::contiguous(buf(&data)).with_threshold(Threshold::Count(2)).with_user_ptr(bits);
+            let h = me.lnet.md_bind(src.with_events(q.clone()), Unlink::Auto).unwrap();
+            me.lnet.put(h, AckReq::Ack, peer.pid(), PORTAL, bits, 0, 0).unwrap();
+        } else {
+            let source = Md::contiguous(buf(&data))
+                .with_options(MdOptions::OP_GET)
+                .with_threshold(Threshold::Count(1))
+                .with_events(tq.clone());
+            peer.lnet.attach(PORTAL, entry, source, Unlink::Auto).unwrap();
+            let h = me.lnet.md_bind(mine.with_events(q.clone()), Unlink::Auto).unwrap();
+            me.lnet.get(h, peer.pid(), PORTAL, bits, 0).unwrap();
+        }
+        expect.insert(bits, Expect { sink, data });
+    }
+    let mut done = 0;
+    while done < ops {
+        let e =
+            q.wait(WAIT).unwrap_or_else(|| panic!("seed {seed:#x}: only {done}/{ops} operations finished"));
+        assert_eq!(e.status, Ok(()), "seed {seed:#x}: {e:?}");
+        if matches!(e.kind, EventKind::Ack | EventKind::Reply) {
+            let x = &expect[&e.user_ptr];
+            assert_eq!(e.mlength, x.data.len() as u64, "seed {seed:#x}: {e:?}");
+            assert!(
+                x.sink.to_vec(0, x.data.len()).unwrap() == x.data,
+                "seed {seed:#x}: {:#x} corrupt",
+                e.user_ptr
+            );
+            done += 1;
+        }
+    }
+    for _ in 0..ops {
+        let e = tq.wait(WAIT).unwrap_or_else(|| panic!("seed {seed:#x}: target events missing"));
+        assert!(e.status.is_ok() && e.unlinked, "seed {seed:#x}: {e:?}");
+    }
+}
+
+#[test]
+fn two_hundred_and_forty_concurrent_operations_every_byte_verified() {
+    let seed = std::env::var("LNET_E2E_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x0e2e_5eed);
+    let (a, b) = pair(3);
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let t = {
+        let (a, b) = (a.clone(), b.clone());
+        std::thread::spawn(move || exchange(&b, &a, seed ^ 0xb, 120))
+    };
+    exchange(&a, &b, seed, 120);
+    if let Err(e) = t.join() {
+        std::panic::resume_unwind(e);
+    }
+    for n in [&a, &b] {
+        let s = n.lnet.stats();
+        assert_eq!((s.mds, s.messages), (0, 0), "seed {seed:#x}: {s}");
+        let ni = &s.nis[0];
+        assert_eq!(
+            (ni.credits_available, ni.queued, ni.counters.drop_count),
+            (256, 0, 0),
+            "seed {seed:#x}: {s}"
+        );
+        println!("{s}");
+    }
+}
