@@ -1,6 +1,340 @@
-//! `lnd-bench`: an lnet_selftest-style bandwidth and latency tool.
+//! `lnd-bench`: an lnet_selftest-style bandwidth and latency tool for the userspace o2iblnd.
+//!
+//! ```text
+//! lnd-bench server --nid NID [--tunables FILE]
+//! lnd-bench brw --to NID --op read|write --size 4K..1M --concurrency N [--duration S | --count N] [--check none|simple|full]
+//! lnd-bench ping --to NID [--size 0..4K]
+//! lnd-bench local          # server and client as two processes on 127.0.0.1/127.0.0.2, a short matrix
+//! lnd-bench compare        # lnd-bench next to ucx_perftest and iperf3 in one run
+//! ```
+//! As lnet_selftest: a brw read makes the server PUT into the client's buffer, a brw write makes
+//! it GET from it; the RPC request itself is a small message.
 
-fn main() {
-    eprintln!("lnd-bench: not implemented yet");
-    std::process::exit(2);
+mod client;
+mod compare;
+mod local;
+mod node;
+mod proto;
+mod report;
+mod server;
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use lnet_shim::nid::{Nid, ProcessId};
+
+use crate::client::RunSpec;
+use crate::node::{Fabric, Node, NodeOptions};
+use crate::proto::{Check, Op};
+use crate::report::{Counters, Row};
+
+#[derive(Parser)]
+#[command(
+    name = "lnd-bench",
+    version,
+    about = "lnet_selftest-style bandwidth and latency tests for the userspace o2iblnd"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// ko2iblnd tunables file (modprobe.d format); default: the built-in conf/ko2iblnd.conf.
+    #[arg(long, value_name = "FILE")]
+    tunables: Option<String>,
+    /// Fabric: the software RC device over UDP, or a real RDMA NIC (verbs feature).
+    #[arg(long, value_enum, default_value_t = Fabric::Soft)]
+    fabric: Fabric,
+    /// UDP port of the software fabric.
+    #[arg(long, default_value_t = 4791)]
+    port: u16,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve brw and ping sessions until stopped (Ctrl-C).
+    Server {
+        /// This node's NID.
+        #[arg(long)]
+        nid: Nid,
+        #[command(flatten)]
+        common: Common,
+        /// Exit when standard input closes (used by `local`).
+        #[arg(long, hide = true)]
+        exit_on_stdin_eof: bool,
+    },
+    /// Bulk read/write RPCs against a server (lst brw).
+    Brw {
+        #[command(flatten)]
+        target: Target,
+        /// read: the server PUTs into our buffer; write: the server GETs from it.
+        #[arg(long, value_enum)]
+        op: BrwOp,
+        /// Bytes per RPC: 4K..1M (up to 16M accepted).
+        #[arg(long, default_value = "4K", value_parser = parse_size)]
+        size: usize,
+        /// RPCs in flight.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// Data stamping and verification.
+        #[arg(long, value_enum, default_value_t = Check::None)]
+        check: Check,
+        #[command(flatten)]
+        how_long: HowLong,
+        #[command(flatten)]
+        common: Common,
+        /// Print one JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Round-trip latency (lst ping).
+    Ping {
+        #[command(flatten)]
+        target: Target,
+        /// Payload bytes each way: 0..4K.
+        #[arg(long, default_value = "8", value_parser = parse_size)]
+        size: usize,
+        /// Pings in flight.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        #[command(flatten)]
+        how_long: HowLong,
+        #[command(flatten)]
+        common: Common,
+        /// Print one JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Server and client as two processes on 127.0.0.1@o2ib and 127.0.0.2@o2ib: brw write and
+    /// read at 4K, 64K and 1M, then ping; every byte verified.
+    Local(local::LocalArgs),
+    /// lnd-bench next to ucx_perftest and iperf3 (when installed), with ratios.
+    Compare(compare::CompareArgs),
+}
+
+#[derive(Args, Clone)]
+struct Target {
+    /// The server's NID.
+    #[arg(long)]
+    to: Nid,
+    /// This node's NID (default: 127.0.0.2@o2ib, or 127.0.0.3@o2ib if that is the server).
+    #[arg(long)]
+    nid: Option<Nid>,
+}
+
+#[derive(Args, Clone)]
+struct HowLong {
+    /// Run for this many seconds (default 10).
+    #[arg(long, conflicts_with = "count")]
+    duration: Option<f64>,
+    /// Run this many RPCs.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Fail an RPC that has not completed after this many seconds.
+    #[arg(long, default_value_t = 60.0)]
+    timeout: f64,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum BrwOp {
+    Read,
+    Write,
+}
+
+/// `4K`, `64k`, `1M`, `4096` → bytes.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let n: usize = num.parse().map_err(|_| format!("'{s}' is not a size (e.g. 4K, 64K, 1M)"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
+}
+
+/// A seed for RPC ids from the OS (runs must not collide across restarts).
+pub fn seed() -> u64 {
+    lnd::rng::os_seed()
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn catch_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: installs an async-signal-safe handler (one atomic store) for a standard
+        // signal; the function pointer has the signature signal(2) expects.
+        unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
+}
+
+fn default_nid(to: Nid) -> Nid {
+    let mine: Nid = Nid::new(to.net(), std::net::Ipv4Addr::new(127, 0, 0, 2));
+    if mine == to { Nid::new(to.net(), std::net::Ipv4Addr::new(127, 0, 0, 3)) } else { mine }
+}
+
+/// Runs one client measurement with progress lines and counters.
+pub fn measure(node: &Node, spec: &RunSpec, label: &str) -> Row {
+    if spec.progress {
+        eprintln!("[{label}]");
+    }
+    let before = node.lnd_stats();
+    let server_before = client::fetch_stats(node, spec.server);
+    let run = client::run(node, spec);
+    let after = node.lnd_stats();
+    let server_after = client::fetch_stats(node, spec.server);
+    let delta = |k: &str| match (&server_before, &server_after) {
+        (Some(a), Some(b)) => b.get(k).copied().unwrap_or(0).saturating_sub(a.get(k).copied().unwrap_or(0)),
+        _ => 0,
+    };
+    let counters = Counters {
+        retransmits: after.fabric.retransmits.saturating_sub(before.fabric.retransmits)
+            + delta("retransmits"),
+        credit_stalls: after.engine.credit_stalls.saturating_sub(before.engine.credit_stalls)
+            + delta("credit_stalls"),
+        noops: after.engine.noops.saturating_sub(before.engine.noops) + delta("noops"),
+    };
+    Row { run, counters }
+}
+
+fn run_client(target: &Target, common: &Common, mut spec: RunSpec, json: bool) -> Result<bool, String> {
+    let nid = target.nid.unwrap_or_else(|| default_nid(target.to));
+    let node = Node::start(&NodeOptions {
+        nid,
+        tunables: common.tunables.clone(),
+        fabric: common.fabric,
+        port: common.port,
+    })?;
+    spec.server = ProcessId::new(target.to, ProcessId::PID_LUSTRE);
+    let label =
+        format!("{} {} c{}", report::op_name(spec.op), report::size_name(spec.size), spec.concurrency);
+    let row = measure(&node, &spec, &label);
+    node.shutdown();
+    let ok = row.run.errors == 0 && row.run.corrupt == 0 && row.run.rpcs > 0;
+    if json {
+        print!("{}", report::json(std::slice::from_ref(&row), ok));
+    } else {
+        print!("{}", report::table(std::slice::from_ref(&row)));
+    }
+    if let Some(e) = &row.run.first_error {
+        return Err(e.clone());
+    }
+    if !ok {
+        return Err(format!("{} RPCs completed, {} corrupt", row.run.rpcs, row.run.corrupt));
+    }
+    Ok(true)
+}
+
+fn how_long(h: &HowLong) -> (Option<Duration>, Option<u64>) {
+    match (h.duration, h.count) {
+        (None, None) => (Some(Duration::from_secs(10)), None),
+        (d, c) => (d.map(Duration::from_secs_f64), c),
+    }
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    match cli.cmd {
+        Cmd::Server { nid, common, exit_on_stdin_eof } => {
+            catch_signals();
+            let node = Node::start(&NodeOptions {
+                nid,
+                tunables: common.tunables,
+                fabric: common.fabric,
+                port: common.port,
+            })?;
+            println!("lnd-bench server ready on {nid}");
+            let eof = std::sync::Arc::new(AtomicBool::new(false));
+            if exit_on_stdin_eof {
+                let flag = eof.clone();
+                std::thread::spawn(move || {
+                    let mut sink = Vec::new();
+                    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+                    flag.store(true, Ordering::SeqCst);
+                });
+            }
+            let counters =
+                server::serve(&node, || STOP.load(Ordering::SeqCst) || eof.load(Ordering::SeqCst))?;
+            node.shutdown();
+            eprintln!(
+                "lnd-bench server: {} RPCs, {} errors, {} corrupt",
+                counters.rpcs, counters.errors, counters.corrupt
+            );
+            Ok(())
+        }
+        Cmd::Brw { target, op, size, concurrency, check, how_long: h, common, json } => {
+            if !(1..=16 << 20).contains(&size) {
+                return Err(format!("--size {size}: must be 1 byte to 16M"));
+            }
+            let (duration, count) = how_long(&h);
+            let spec = RunSpec {
+                op: match op {
+                    BrwOp::Read => Op::BrwRead,
+                    BrwOp::Write => Op::BrwWrite,
+                },
+                size,
+                concurrency: concurrency.max(1),
+                duration,
+                count,
+                check,
+                server: ProcessId::new(target.to, ProcessId::PID_LUSTRE),
+                progress: !json,
+                rpc_timeout: Duration::from_secs_f64(h.timeout.max(0.001)),
+            };
+            run_client(&target, &common, spec, json).map(|_| ())
+        }
+        Cmd::Ping { target, size, concurrency, how_long: h, common, json } => {
+            if size > proto::MAX_PING {
+                return Err(format!("--size {size}: a ping carries at most {} bytes", proto::MAX_PING));
+            }
+            let (duration, count) = how_long(&h);
+            let spec = RunSpec {
+                op: Op::Ping,
+                size,
+                concurrency: concurrency.max(1),
+                duration,
+                count,
+                check: Check::Full,
+                server: ProcessId::new(target.to, ProcessId::PID_LUSTRE),
+                progress: !json,
+                rpc_timeout: Duration::from_secs_f64(h.timeout.max(0.001)),
+            };
+            run_client(&target, &common, spec, json).map(|_| ())
+        }
+        Cmd::Local(args) => local::run(&args),
+        Cmd::Compare(args) => compare::run(&args),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            // --help, --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line: clap's message without its usage and hint lines.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("bad arguments").trim_start_matches("error: ");
+            eprintln!("lnd-bench: {first} (see lnd-bench --help)");
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lnd-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -1,0 +1,417 @@
+//! The benchmark client: keeps `concurrency` RPCs in flight against one server.
+//!
+//! Each slot owns a bulk buffer (registered once, reused), a request buffer and a reply buffer.
+//! For every RPC it attaches the bulk buffer on [`BULK_PORTAL`] under fresh match bits (the
+//! server GETs it for a brw write, PUTs into it for a brw read) and the reply buffer on
+//! [`REPLY_PORTAL`] under the RPC id, then PUTs the request. The RPC is done when the reply
+//! and the bulk transfer have both been seen; its latency (request to completion) goes into an
+//! `hdrhistogram`. brw read data is checked on arrival; brw write data is checked by the server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use lnd::clock::Clock;
+use lnd::time::Instant;
+use lnet_shim::buffer::Buffer;
+use lnet_shim::event::{Event, EventKind, EventQueue};
+use lnet_shim::matching::{MatchEntry, MdOptions, Threshold, Unlink};
+use lnet_shim::nid::ProcessId;
+use lnet_shim::{AckReq, Md};
+
+use crate::node::Node;
+use crate::proto::{
+    self, BULK_PORTAL, Check, HDR, MAX_PING, Op, REPLY_PORTAL, REQUEST_PORTAL, Reply, Request,
+};
+
+/// One benchmark run.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    /// What each RPC does.
+    pub op: Op,
+    /// Bulk bytes (brw) or payload bytes (ping).
+    pub size: usize,
+    /// RPCs kept in flight.
+    pub concurrency: usize,
+    /// Run this long ...
+    pub duration: Option<Duration>,
+    /// ... or this many RPCs.
+    pub count: Option<u64>,
+    /// Data stamping and checking.
+    pub check: Check,
+    /// The server.
+    pub server: ProcessId,
+    /// Print a progress line to stderr every second.
+    pub progress: bool,
+    /// An RPC that takes longer than this fails the run.
+    pub rpc_timeout: Duration,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// The spec.
+    pub op: Op,
+    /// Bytes per RPC.
+    pub size: usize,
+    /// Concurrency.
+    pub concurrency: usize,
+    /// RPCs completed.
+    pub rpcs: u64,
+    /// Bulk bytes moved by completed RPCs.
+    pub bytes: u64,
+    /// Wall time.
+    pub secs: f64,
+    /// RPC latencies in nanoseconds.
+    pub latency: Histogram<u64>,
+    /// RPCs that failed (transport errors, timeouts, server errors).
+    pub errors: u64,
+    /// RPCs whose data failed verification (either side).
+    pub corrupt: u64,
+    /// First error seen, for the message.
+    pub first_error: Option<String>,
+}
+
+impl RunResult {
+    /// MiB per second.
+    pub fn mib_s(&self) -> f64 {
+        if self.secs > 0.0 { self.bytes as f64 / f64::from(1 << 20) / self.secs } else { 0.0 }
+    }
+
+    /// RPCs per second.
+    pub fn rpc_s(&self) -> f64 {
+        if self.secs > 0.0 { self.rpcs as f64 / self.secs } else { 0.0 }
+    }
+
+    /// Latency percentile in microseconds.
+    pub fn lat_us(&self, q: f64) -> f64 {
+        self.latency.value_at_quantile(q) as f64 / 1000.0
+    }
+}
+
+const KIND_REQ: u64 = 1;
+const KIND_BULK: u64 = 2;
+const KIND_REPLY: u64 = 3;
+
+struct Slot {
+    bulk: Arc<Buffer>,
+    request: Arc<Buffer>,
+    reply: Arc<Buffer>,
+    rpc: u64,
+    magic: u64,
+    started: Instant,
+    got_reply: bool,
+    got_bulk: bool,
+    reply_status: i32,
+    live: bool,
+}
+
+fn tag(kind: u64, slot: usize) -> u64 {
+    (kind << 56) | slot as u64
+}
+
+/// Runs `spec` against its server.
+pub fn run(node: &Node, spec: &RunSpec) -> RunResult {
+    let clock = Clock::new();
+    let eq = EventQueue::new(1 << 16);
+    let bulk_len = if spec.op == Op::Ping || spec.op == Op::Stats { 0 } else { spec.size };
+    let ping_len = if spec.op == Op::Ping { spec.size.min(MAX_PING) } else { 0 };
+    let mut slots: Vec<Slot> = (0..spec.concurrency.max(1))
+        .map(|_| Slot {
+            bulk: Arc::new(Buffer::new(bulk_len)),
+            request: Arc::new(Buffer::new(HDR + ping_len)),
+            reply: Arc::new(Buffer::new(HDR + MAX_PING.max(4096))),
+            rpc: 0,
+            magic: 0,
+            started: Instant::ZERO,
+            got_reply: false,
+            got_bulk: false,
+            reply_status: 0,
+            live: false,
+        })
+        .collect();
+    let mut result = RunResult {
+        op: spec.op,
+        size: spec.size,
+        concurrency: spec.concurrency,
+        rpcs: 0,
+        bytes: 0,
+        secs: 0.0,
+        latency: Histogram::new_with_bounds(1, 600_000_000_000, 3)
+            .unwrap_or_else(|_| Histogram::new(3).expect("histogram")),
+        errors: 0,
+        corrupt: 0,
+        first_error: None,
+    };
+    let salt = crate::seed();
+    let mut next_rpc = (salt & 0xffff) << 40 | 1;
+    let t0 = clock.now();
+    let end = spec.duration.map(|d| t0 + d);
+    let mut issued = 0u64;
+    let mut last_progress = t0;
+    let mut last_rpcs = 0u64;
+    let mut last_bytes = 0u64;
+    let mut stopping = false;
+    let ping_payload: Vec<u8> = (0..ping_len).map(|i| (i as u8) ^ 0x5a).collect();
+
+    let more = |issued: u64, now: Instant| -> bool {
+        spec.count.is_none_or(|c| issued < c) && end.is_none_or(|e| now < e)
+    };
+    for (i, s) in slots.iter_mut().enumerate() {
+        if more(issued, clock.now()) {
+            start_rpc(node, spec, &eq, s, i, &mut next_rpc, &ping_payload, clock.now(), &mut result);
+            issued += 1;
+        }
+    }
+    loop {
+        let now = clock.now();
+        let live = slots.iter().filter(|s| s.live).count();
+        if live == 0 {
+            break;
+        }
+        if !stopping && !more(issued, now) {
+            stopping = true;
+        }
+        // A stuck RPC fails the run rather than hanging it.
+        if let Some((i, _)) = slots
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.live && now.saturating_duration_since(s.started) > spec.rpc_timeout)
+        {
+            fail(&mut result, format!("RPC timed out after {:?} (is the server running?)", spec.rpc_timeout));
+            // Its buffers stay posted until LNet shuts down; late events are ignored.
+            slots[i].live = false;
+            stopping = true;
+            continue;
+        }
+        if spec.progress && now.saturating_duration_since(last_progress) >= Duration::from_secs(1) {
+            let dt = now.saturating_duration_since(last_progress).as_secs_f64();
+            eprintln!(
+                "  {:>5.1}s  {:>9.1} MiB/s  {:>9.0} RPC/s  in flight {:>3}  errors {}",
+                now.saturating_duration_since(t0).as_secs_f64(),
+                (result.bytes - last_bytes) as f64 / f64::from(1 << 20) / dt,
+                (result.rpcs - last_rpcs) as f64 / dt,
+                live,
+                result.errors + result.corrupt
+            );
+            last_progress = now;
+            last_rpcs = result.rpcs;
+            last_bytes = result.bytes;
+        }
+        let Some(ev) = eq.wait(Duration::from_millis(50)) else { continue };
+        let slot = (ev.user_ptr & 0xffff_ffff) as usize;
+        let kind = ev.user_ptr >> 56;
+        let Some(s) = slots.get_mut(slot) else { continue };
+        if !s.live {
+            continue;
+        }
+        let before = result.rpcs;
+        let done = on_event(s, kind, &ev, spec, &mut result);
+        if done {
+            s.live = false;
+            let now = clock.now();
+            if result.rpcs > before {
+                record(&mut result, s.started, now);
+            }
+            if !stopping && more(issued, now) && result.first_error.is_none() {
+                start_rpc(node, spec, &eq, s, slot, &mut next_rpc, &ping_payload, now, &mut result);
+                issued += 1;
+            }
+        }
+    }
+    result.secs = clock.now().saturating_duration_since(t0).as_secs_f64();
+    result
+}
+
+fn fail(result: &mut RunResult, msg: String) {
+    result.errors += 1;
+    result.first_error.get_or_insert(msg);
+}
+
+#[allow(clippy::too_many_arguments, reason = "the state of one slot's next RPC")]
+fn start_rpc(
+    node: &Node,
+    spec: &RunSpec,
+    eq: &EventQueue,
+    s: &mut Slot,
+    slot: usize,
+    next_rpc: &mut u64,
+    ping: &[u8],
+    now: Instant,
+    result: &mut RunResult,
+) {
+    let rpc = *next_rpc;
+    *next_rpc += 1;
+    s.rpc = rpc;
+    s.magic = rpc.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x0be9_1b91;
+    s.got_reply = false;
+    s.got_bulk = spec.op == Op::Ping || spec.op == Op::Stats;
+    s.reply_status = 0;
+    s.started = now;
+    s.live = true;
+    let lnet = &node.lnet;
+    if !s.got_bulk {
+        if spec.op == Op::BrwWrite && spec.check != Check::None {
+            let mut data = vec![0u8; s.bulk.len()];
+            proto::stamp(&mut data, spec.check, s.magic);
+            let _ = s.bulk.write(0, &data);
+        }
+        let options = if spec.op == Op::BrwWrite { MdOptions::OP_GET } else { MdOptions::OP_PUT };
+        let md = Md::contiguous(s.bulk.clone())
+            .with_options(options)
+            .with_threshold(Threshold::Count(1))
+            .with_user_ptr(tag(KIND_BULK, slot))
+            .with_events(eq.clone());
+        let me = MatchEntry::new(spec.server, rpc).with_unlink(Unlink::Auto);
+        if let Err(e) = lnet.attach(BULK_PORTAL, me, md, Unlink::Auto) {
+            fail(result, format!("cannot post the bulk buffer: {e}"));
+            s.live = false;
+            return;
+        }
+    }
+    let md = Md::contiguous(s.reply.clone())
+        .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
+        .with_threshold(Threshold::Count(1))
+        .with_user_ptr(tag(KIND_REPLY, slot))
+        .with_events(eq.clone());
+    let me = MatchEntry::new(spec.server, rpc).with_unlink(Unlink::Auto);
+    if let Err(e) = lnet.attach(REPLY_PORTAL, me, md, Unlink::Auto) {
+        fail(result, format!("cannot post the reply buffer: {e}"));
+        s.live = false;
+        return;
+    }
+    let req = Request {
+        op: spec.op,
+        rpc,
+        bulk_bits: rpc,
+        size: spec.size as u32,
+        check: spec.check,
+        magic: s.magic,
+    };
+    let _ = s.request.write(0, &req.encode());
+    if !ping.is_empty() {
+        let _ = s.request.write(HDR, ping);
+    }
+    let md = Md::contiguous(s.request.clone())
+        .with_threshold(Threshold::Count(1))
+        .with_user_ptr(tag(KIND_REQ, slot))
+        .with_events(eq.clone());
+    let sent = lnet
+        .md_bind(md, Unlink::Auto)
+        .and_then(|h| lnet.put(h, AckReq::NoAck, spec.server, REQUEST_PORTAL, 0, 0, 0));
+    if let Err(e) = sent {
+        fail(result, format!("cannot send the request: {e}"));
+        s.live = false;
+    }
+}
+
+/// Handles one event of a slot; true when its RPC is finished.
+fn on_event(s: &mut Slot, kind: u64, ev: &Event, spec: &RunSpec, result: &mut RunResult) -> bool {
+    if let Err(e) = ev.status {
+        let what = match kind {
+            KIND_REQ => "request",
+            KIND_BULK => "bulk transfer",
+            _ => "reply",
+        };
+        fail(result, format!("{what} to {} failed: {e}", spec.server.nid));
+        return true;
+    }
+    match (kind, ev.kind) {
+        (KIND_BULK, EventKind::Put | EventKind::Get) => s.got_bulk = true,
+        (KIND_REPLY, EventKind::Put) => {
+            s.got_reply = true;
+            let hdr = s.reply.to_vec(0, HDR).unwrap_or_default();
+            match Reply::decode(&hdr) {
+                Some(r) if r.rpc == s.rpc => s.reply_status = r.status,
+                _ => s.reply_status = -71,
+            }
+            if spec.op == Op::Ping {
+                let n = (ev.mlength as usize).saturating_sub(HDR);
+                let echo = s.reply.to_vec(HDR, n).unwrap_or_default();
+                let sent = s.request.to_vec(HDR, s.request.len() - HDR).unwrap_or_default();
+                if echo != sent {
+                    result.corrupt += 1;
+                }
+            }
+        }
+        _ => {}
+    }
+    if !(s.got_reply && s.got_bulk) {
+        return false;
+    }
+    match s.reply_status {
+        0 => {}
+        proto::STATUS_CORRUPT => {
+            result.corrupt += 1;
+            result.first_error.get_or_insert_with(|| "the server found written data corrupt".to_owned());
+            return true;
+        }
+        e => {
+            fail(result, format!("server error {e}"));
+            return true;
+        }
+    }
+    if spec.op == Op::BrwRead && spec.check != Check::None {
+        let data = s.bulk.to_vec(0, s.bulk.len()).unwrap_or_default();
+        if !proto::verify(&data, spec.check, s.magic) {
+            result.corrupt += 1;
+            result.first_error.get_or_insert_with(|| "read data failed verification".to_owned());
+            return true;
+        }
+    }
+    result.rpcs += 1;
+    result.bytes += if spec.op == Op::Ping { 0 } else { spec.size as u64 };
+    true
+}
+
+/// Records the latency of a finished RPC.
+fn record(result: &mut RunResult, started: Instant, now: Instant) {
+    let ns = now.saturating_duration_since(started).as_nanos();
+    let _ = result.latency.record(u64::try_from(ns).unwrap_or(u64::MAX).max(1));
+}
+
+/// Asks the server for its counters (one STATS RPC); `None` if it does not answer in 5 s.
+pub fn fetch_stats(node: &Node, server: ProcessId) -> Option<std::collections::HashMap<String, u64>> {
+    let eq = EventQueue::new(16);
+    let rpc = crate::seed() | 1 << 63;
+    let reply = Arc::new(Buffer::new(HDR + 4096));
+    let lnet = &node.lnet;
+    let md = Md::contiguous(reply.clone())
+        .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
+        .with_threshold(Threshold::Count(1))
+        .with_events(eq.clone());
+    let (me, _) = lnet
+        .attach(REPLY_PORTAL, MatchEntry::new(server, rpc).with_unlink(Unlink::Auto), md, Unlink::Auto)
+        .ok()?;
+    let req = Request { op: Op::Stats, rpc, bulk_bits: 0, size: 0, check: Check::None, magic: 0 };
+    let send =
+        Md::contiguous(Arc::new(Buffer::from_slice(&req.encode()))).with_threshold(Threshold::Count(1));
+    let ok = lnet
+        .md_bind(send, Unlink::Auto)
+        .and_then(|h| lnet.put(h, AckReq::NoAck, server, REQUEST_PORTAL, 0, 0, 0));
+    if ok.is_err() {
+        let _ = lnet.me_unlink(me);
+        return None;
+    }
+    let clock = Clock::new();
+    let end = clock.now() + Duration::from_secs(5);
+    loop {
+        let left = end.saturating_duration_since(clock.now());
+        if left.is_zero() {
+            let _ = lnet.me_unlink(me);
+            return None;
+        }
+        let ev = eq.wait(left)?;
+        if ev.kind != EventKind::Put || ev.status.is_err() {
+            continue;
+        }
+        let n = (ev.mlength as usize).saturating_sub(HDR);
+        let text = String::from_utf8(reply.to_vec(HDR, n).ok()?).ok()?;
+        return Some(
+            text.lines()
+                .filter_map(|l| l.split_once('='))
+                .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
+                .collect(),
+        );
+    }
+}

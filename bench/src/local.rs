@@ -1,0 +1,193 @@
+//! `lnd-bench local`: the embedded default run.
+//!
+//! Starts `lnd-bench server` as a child process on 127.0.0.1@o2ib, runs the client here on
+//! 127.0.0.2@o2ib over the software fabric with the tunables (by default the built-in
+//! conf/ko2iblnd.conf), measures brw write and read at 4K, 64K and 1M and ping, prints the
+//! table, and succeeds only if every RPC completed and every byte verified (`check=full`).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use lnet_shim::nid::{Nid, ProcessId};
+
+use crate::client::RunSpec;
+use crate::node::{Fabric, Node, NodeOptions};
+use crate::proto::{Check, Op};
+use crate::report::{self, Row};
+
+/// Options of `lnd-bench local`.
+#[derive(clap::Args, Clone)]
+pub struct LocalArgs {
+    /// ko2iblnd tunables file; default: the built-in conf/ko2iblnd.conf.
+    #[arg(long, value_name = "FILE")]
+    pub tunables: Option<String>,
+    /// Fabric (the default software device, or verbs with the feature).
+    #[arg(long, value_enum, default_value_t = Fabric::Soft)]
+    pub fabric: Fabric,
+    /// UDP port of the software fabric.
+    #[arg(long, default_value_t = 4791)]
+    pub port: u16,
+    /// Seconds per test.
+    #[arg(long, default_value_t = 2.0)]
+    pub duration: f64,
+    /// RPCs in flight per test.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// The server's NID.
+    #[arg(long, default_value = "127.0.0.1@o2ib")]
+    pub server: Nid,
+    /// The client's NID.
+    #[arg(long, default_value = "127.0.0.2@o2ib")]
+    pub client: Nid,
+    /// Print one JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The server process; killed if still running when dropped.
+pub struct ServerProcess {
+    child: Option<Child>,
+}
+
+impl ServerProcess {
+    /// Starts `lnd-bench server` (this same executable) and waits for it to be ready.
+    pub fn start(
+        nid: Nid,
+        tunables: Option<&str>,
+        fabric: Fabric,
+        port: u16,
+    ) -> Result<ServerProcess, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["server", "--nid", &nid.to_string(), "--port", &port.to_string(), "--exit-on-stdin-eof"]);
+        cmd.args(["--fabric", if fabric == Fabric::Verbs { "verbs" } else { "soft" }]);
+        if let Some(t) = tunables {
+            cmd.args(["--tunables", t]);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start the server process: {e}"))?;
+        let out = child.stdout.take().ok_or("no server stdout")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                let _ = tx.send(line);
+            }
+        });
+        let mut server = ServerProcess { child: Some(child) };
+        loop {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) if line.contains("ready") => return Ok(server),
+                Ok(_) => {}
+                Err(_) => {
+                    let status = server.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+                    return Err(match status {
+                        Some(s) => format!("the server process exited ({s}) before it was ready"),
+                        None => "the server process did not get ready in 20 s".to_owned(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Asks the server to exit (closes its stdin) and waits up to 10 s, then kills it.
+    pub fn stop(mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        drop(child.stdin.take());
+        let (tx, rx) = mpsc::channel();
+        let pid = child.id();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        if rx.recv_timeout(Duration::from_secs(10)).is_err() {
+            eprintln!("lnd-bench: the server did not exit in 10 s; killing it");
+            // SAFETY: kill(2) with the pid of our own child; at worst it signals nothing.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The default matrix: (op, size).
+pub const MATRIX: [(Op, usize); 7] = [
+    (Op::BrwWrite, 4 << 10),
+    (Op::BrwWrite, 64 << 10),
+    (Op::BrwWrite, 1 << 20),
+    (Op::BrwRead, 4 << 10),
+    (Op::BrwRead, 64 << 10),
+    (Op::BrwRead, 1 << 20),
+    (Op::Ping, 8),
+];
+
+/// Runs the local matrix.
+pub fn run(args: &LocalArgs) -> Result<(), String> {
+    let (rows, ok) = measure_matrix(args, &MATRIX)?;
+    if args.json {
+        print!("{}", report::json(&rows, ok));
+    } else {
+        print!("{}", report::table(&rows));
+    }
+    if ok {
+        if !args.json {
+            println!("every RPC completed and every byte verified");
+        }
+        Ok(())
+    } else {
+        let first = rows
+            .iter()
+            .find_map(|r| r.run.first_error.clone())
+            .unwrap_or_else(|| "some RPCs failed".to_owned());
+        Err(format!("verification failed: {first}"))
+    }
+}
+
+/// Starts the server process and the client node and runs `matrix`; (rows, all verified).
+pub fn measure_matrix(args: &LocalArgs, matrix: &[(Op, usize)]) -> Result<(Vec<Row>, bool), String> {
+    let server = ServerProcess::start(args.server, args.tunables.as_deref(), args.fabric, args.port)?;
+    let node = Node::start(&NodeOptions {
+        nid: args.client,
+        tunables: args.tunables.clone(),
+        fabric: args.fabric,
+        port: args.port,
+    })?;
+    let mut rows = Vec::new();
+    let mut ok = true;
+    for &(op, size) in matrix {
+        let spec = RunSpec {
+            op,
+            size,
+            concurrency: if op == Op::Ping { 1 } else { args.concurrency },
+            duration: Some(Duration::from_secs_f64(args.duration)),
+            count: None,
+            check: Check::Full,
+            server: ProcessId::new(args.server, ProcessId::PID_LUSTRE),
+            progress: !args.json,
+            rpc_timeout: Duration::from_secs(30),
+        };
+        let label = format!("{} {} c{}", report::op_name(op), report::size_name(size), spec.concurrency);
+        let row = crate::measure(&node, &spec, &label);
+        ok &= row.run.errors == 0 && row.run.corrupt == 0 && row.run.rpcs > 0;
+        let failed = row.run.first_error.is_some();
+        rows.push(row);
+        if failed {
+            break;
+        }
+    }
+    node.shutdown();
+    server.stop();
+    Ok((rows, ok))
+}

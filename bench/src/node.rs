@@ -1,0 +1,111 @@
+//! One benchmark node: LNet with one o2iblnd interface, from a tunables file.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use lnd::driver::{Driver, DriverConfig, DriverStats, FabricChoice};
+use lnd::fabric::soft::SoftConfig;
+use lnd::tunables::Tunables;
+use lnet_shim::lnd::Lnd;
+use lnet_shim::nid::{Nid, ProcessId};
+use lnet_shim::{Lnet, LnetConfig};
+
+/// The default configuration, built in so the tool runs from any directory.
+const DEFAULT_CONF: &str = include_str!("../../conf/ko2iblnd.conf");
+
+/// Which fabric to run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fabric {
+    /// The software RC device over UDP (RoCEv2 framing).
+    Soft,
+    /// A real RDMA NIC through libibverbs (build with `--features verbs`).
+    Verbs,
+}
+
+/// Where and how a node runs.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// The node's NID.
+    pub nid: Nid,
+    /// A tunables file; `None` is the built-in conf/ko2iblnd.conf.
+    pub tunables: Option<String>,
+    /// The fabric.
+    pub fabric: Fabric,
+    /// UDP port of the software fabric (RoCEv2's 4791 by default).
+    pub port: u16,
+}
+
+/// A running node.
+pub struct Node {
+    /// LNet.
+    pub lnet: Lnet,
+    /// The o2iblnd interface under it.
+    pub driver: Arc<Driver>,
+    /// Its NID.
+    pub nid: Nid,
+}
+
+/// Reads the tunables (the file, or the built-in defaults), printing warnings to stderr.
+pub fn load_tunables(path: Option<&str>) -> Result<Tunables, String> {
+    let parsed = match path {
+        Some(p) => Tunables::load(Path::new(p)).map_err(|e| e.to_string())?,
+        None => {
+            Tunables::parse_str("conf/ko2iblnd.conf (built in)", DEFAULT_CONF).map_err(|e| e.to_string())?
+        }
+    };
+    for w in &parsed.warnings {
+        if path.is_some() {
+            eprintln!("lnd-bench: warning: {w}");
+        }
+    }
+    Ok(parsed.tunables)
+}
+
+impl Node {
+    /// Starts LNet and the LND on `opts.nid`.
+    pub fn start(opts: &NodeOptions) -> Result<Node, String> {
+        let tunables = load_tunables(opts.tunables.as_deref())?;
+        let fabric = match opts.fabric {
+            Fabric::Soft => FabricChoice::Soft(SoftConfig { udp_port: opts.port, ..SoftConfig::default() }),
+            #[cfg(feature = "verbs")]
+            Fabric::Verbs => FabricChoice::Verbs(lnd::fabric::verbs::VerbsConfig {
+                ipv4: Some(opts.nid.addr()),
+                mad_port: tunables.service,
+                ..Default::default()
+            }),
+            #[cfg(not(feature = "verbs"))]
+            Fabric::Verbs => {
+                return Err("--fabric verbs needs a build with the `verbs` feature \
+                            (cargo build --release -p lnd-bench --features verbs)"
+                    .to_owned());
+            }
+        };
+        let (credits, peer_credits) = (tunables.credits, tunables.peer_credits);
+        let cfg = DriverConfig { nid: opts.nid, tunables, fabric, seed: None };
+        let lnet = Lnet::new(LnetConfig::default());
+        let mut driver = None;
+        lnet.add_ni(opts.nid, credits, peer_credits, |up| {
+            let d = Arc::new(Driver::start(cfg, up)?);
+            driver = Some(d.clone());
+            Ok::<_, lnd::driver::DriverError>(d as Arc<dyn Lnd>)
+        })
+        .map_err(|e| e.to_string())?;
+        let driver = driver.ok_or("the LND did not start")?;
+        Ok(Node { lnet, driver, nid: opts.nid })
+    }
+
+    /// This node's process id.
+    pub fn pid(&self) -> ProcessId {
+        ProcessId::new(self.nid, ProcessId::PID_LUSTRE)
+    }
+
+    /// The LND's counters (zeros if it does not answer).
+    pub fn lnd_stats(&self) -> DriverStats {
+        self.driver.stats().unwrap_or_default()
+    }
+
+    /// Stops LNet and the LND.
+    pub fn shutdown(&self) {
+        self.lnet.shutdown();
+    }
+}

@@ -1,0 +1,260 @@
+//! The benchmark server: answers brw and ping RPCs until told to stop.
+//!
+//! Request buffers wait on [`REQUEST_PORTAL`] (any sender, any match bits). For a brw write the
+//! server GETs the client's bulk buffer into one of its own and checks it; for a brw read it
+//! stamps one of its buffers and PUTs it into the client's; then it replies. Bulk buffers are
+//! pooled by size so they are registered once. One thread drives everything from one event
+//! queue; LNet calls never block.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lnet_shim::buffer::Buffer;
+use lnet_shim::event::{Event, EventKind, EventQueue};
+use lnet_shim::matching::{ANY_PROCESS, MatchEntry, MdOptions, Threshold, Unlink};
+use lnet_shim::nid::ProcessId;
+use lnet_shim::{AckReq, Md};
+
+use crate::node::Node;
+use crate::proto::{
+    self, BULK_PORTAL, Check, HDR, Op, REPLY_PORTAL, REQUEST_BUF, REQUEST_PORTAL, Reply, Request,
+};
+
+/// Request buffers kept posted.
+const REQUEST_BUFFERS: u64 = 512;
+
+const KIND_REQUEST: u64 = 1;
+const KIND_BULK: u64 = 2;
+const KIND_REPLY: u64 = 3;
+
+fn tag(kind: u64, id: u64) -> u64 {
+    (kind << 56) | (id & ((1 << 56) - 1))
+}
+
+fn untag(user_ptr: u64) -> (u64, u64) {
+    (user_ptr >> 56, user_ptr & ((1 << 56) - 1))
+}
+
+struct Pending {
+    client: ProcessId,
+    req: Request,
+    buf: Arc<Buffer>,
+}
+
+/// Counters the server keeps.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServerCounters {
+    /// RPCs answered.
+    pub rpcs: u64,
+    /// Requests that failed (bulk or reply errors).
+    pub errors: u64,
+    /// brw writes whose data failed the check.
+    pub corrupt: u64,
+}
+
+struct Server<'a> {
+    node: &'a Node,
+    eq: EventQueue,
+    requests: Vec<Arc<Buffer>>,
+    pool: HashMap<usize, Vec<Arc<Buffer>>>,
+    pending: HashMap<u64, Pending>,
+    replies: HashMap<u64, Arc<Buffer>>,
+    next: u64,
+    counters: ServerCounters,
+}
+
+/// Serves until `stop()` returns true (checked at least every 100 ms).
+pub fn serve(node: &Node, stop: impl Fn() -> bool) -> Result<ServerCounters, String> {
+    let mut s = Server {
+        node,
+        eq: EventQueue::new(1 << 16),
+        requests: Vec::new(),
+        pool: HashMap::new(),
+        pending: HashMap::new(),
+        replies: HashMap::new(),
+        next: 1,
+        counters: ServerCounters::default(),
+    };
+    for i in 0..REQUEST_BUFFERS {
+        let buf = Arc::new(Buffer::new(REQUEST_BUF));
+        s.requests.push(buf);
+        s.post_request(i)?;
+    }
+    while !stop() {
+        let Some(ev) = s.eq.wait(Duration::from_millis(100)) else { continue };
+        s.handle(ev);
+    }
+    Ok(s.counters)
+}
+
+impl Server<'_> {
+    fn post_request(&self, i: u64) -> Result<(), String> {
+        let buf = self.requests.get(i as usize).ok_or("request buffer index")?.clone();
+        let md = Md::contiguous(buf)
+            .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
+            .with_threshold(Threshold::Count(1))
+            .with_user_ptr(tag(KIND_REQUEST, i))
+            .with_events(self.eq.clone());
+        let me = MatchEntry::new(ANY_PROCESS, 0).ignoring(u64::MAX).with_unlink(Unlink::Auto);
+        self.node.lnet.attach(REQUEST_PORTAL, me, md, Unlink::Auto).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn take_buffer(&mut self, size: usize) -> Arc<Buffer> {
+        self.pool.get_mut(&size).and_then(Vec::pop).unwrap_or_else(|| Arc::new(Buffer::new(size)))
+    }
+
+    fn give_buffer(&mut self, buf: Arc<Buffer>) {
+        self.pool.entry(buf.len()).or_default().push(buf);
+    }
+
+    fn handle(&mut self, ev: Event) {
+        let (kind, id) = untag(ev.user_ptr);
+        match kind {
+            KIND_REQUEST if ev.kind == EventKind::Put => self.request(ev, id),
+            KIND_BULK => self.bulk_event(ev, id),
+            KIND_REPLY if ev.kind == EventKind::Send => {
+                self.replies.remove(&id);
+                if ev.status.is_err() {
+                    self.counters.errors += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn request(&mut self, ev: Event, i: u64) {
+        let Some(buf) = self.requests.get(i as usize).cloned() else { return };
+        let len = (ev.mlength as usize).min(REQUEST_BUF);
+        let bytes = buf.to_vec(0, len).unwrap_or_default();
+        // The buffer can take the next request at once.
+        let _ = self.post_request(i);
+        if ev.status.is_err() {
+            return;
+        }
+        let Some(req) = Request::decode(&bytes) else {
+            self.counters.errors += 1;
+            return;
+        };
+        let client = ev.initiator;
+        match req.op {
+            Op::Ping => {
+                let payload = bytes.get(HDR..).unwrap_or_default().to_vec();
+                self.reply(client, req.rpc, 0, &payload);
+            }
+            Op::Stats => {
+                let text = stats_text(self.node, &self.counters);
+                self.reply(client, req.rpc, 0, text.as_bytes());
+            }
+            Op::BrwWrite | Op::BrwRead => self.brw(client, req),
+        }
+    }
+
+    fn brw(&mut self, client: ProcessId, req: Request) {
+        let buf = self.take_buffer(req.size as usize);
+        let id = self.next;
+        self.next += 1;
+        let lnet = &self.node.lnet;
+        let result = if req.op == Op::BrwWrite {
+            // Pull the client's data: SEND then REPLY events.
+            let md = Md::contiguous(buf.clone())
+                .with_threshold(Threshold::Count(2))
+                .with_user_ptr(tag(KIND_BULK, id))
+                .with_events(self.eq.clone());
+            lnet.md_bind(md, Unlink::Auto).and_then(|h| lnet.get(h, client, BULK_PORTAL, req.bulk_bits, 0))
+        } else {
+            if req.check != Check::None {
+                let mut data = vec![0u8; req.size as usize];
+                proto::stamp(&mut data, req.check, req.magic);
+                let _ = buf.write(0, &data);
+            }
+            let md = Md::contiguous(buf.clone())
+                .with_threshold(Threshold::Count(1))
+                .with_user_ptr(tag(KIND_BULK, id))
+                .with_events(self.eq.clone());
+            lnet.md_bind(md, Unlink::Auto)
+                .and_then(|h| lnet.put(h, AckReq::NoAck, client, BULK_PORTAL, req.bulk_bits, 0, 0))
+        };
+        match result {
+            Ok(()) => {
+                self.pending.insert(id, Pending { client, req, buf });
+            }
+            Err(_) => {
+                self.counters.errors += 1;
+                self.give_buffer(buf);
+                self.reply(client, req.rpc, -5, &[]);
+            }
+        }
+    }
+
+    fn bulk_event(&mut self, ev: Event, id: u64) {
+        let done_kind = match self.pending.get(&id).map(|p| p.req.op) {
+            Some(Op::BrwWrite) => EventKind::Reply,
+            Some(_) => EventKind::Send,
+            None => return,
+        };
+        if ev.status.is_ok() && ev.kind != done_kind {
+            return; // the SEND of a GET: wait for its REPLY
+        }
+        let Some(p) = self.pending.remove(&id) else { return };
+        let status = match ev.status {
+            Err(e) => {
+                self.counters.errors += 1;
+                e.as_i32()
+            }
+            Ok(()) if p.req.op == Op::BrwWrite && p.req.check != Check::None => {
+                let data = p.buf.to_vec(0, p.req.size as usize).unwrap_or_default();
+                if ev.mlength == u64::from(p.req.size) && proto::verify(&data, p.req.check, p.req.magic) {
+                    0
+                } else {
+                    self.counters.corrupt += 1;
+                    proto::STATUS_CORRUPT
+                }
+            }
+            Ok(()) => 0,
+        };
+        self.give_buffer(p.buf);
+        self.reply(p.client, p.req.rpc, status, &[]);
+    }
+
+    fn reply(&mut self, client: ProcessId, rpc: u64, status: i32, payload: &[u8]) {
+        let hdr = Reply { rpc, status, len: payload.len() as u32 }.encode();
+        let mut bytes = hdr.to_vec();
+        bytes.extend_from_slice(payload);
+        let buf = Arc::new(Buffer::from_slice(&bytes));
+        let id = self.next;
+        self.next += 1;
+        let md = Md::contiguous(buf.clone())
+            .with_threshold(Threshold::Count(1))
+            .with_user_ptr(tag(KIND_REPLY, id))
+            .with_events(self.eq.clone());
+        let lnet = &self.node.lnet;
+        match lnet
+            .md_bind(md, Unlink::Auto)
+            .and_then(|h| lnet.put(h, AckReq::NoAck, client, REPLY_PORTAL, rpc, 0, 0))
+        {
+            Ok(()) => {
+                self.replies.insert(id, buf);
+                self.counters.rpcs += 1;
+            }
+            Err(_) => self.counters.errors += 1,
+        }
+    }
+}
+
+/// The server's counters as `key=value` lines (the STATS reply).
+fn stats_text(node: &Node, c: &ServerCounters) -> String {
+    let s = node.lnd_stats();
+    format!(
+        "rpcs={}\nerrors={}\ncorrupt={}\nretransmits={}\ncredit_stalls={}\nnoops={}\ntx_msgs={}\nrx_msgs={}\n",
+        c.rpcs,
+        c.errors,
+        c.corrupt,
+        s.fabric.retransmits,
+        s.engine.credit_stalls,
+        s.engine.noops,
+        s.engine.tx_msgs,
+        s.engine.rx_msgs
+    )
+}

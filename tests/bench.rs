@@ -1,0 +1,165 @@
+//! `lnd-bench` as users run it: a server process and a brw/ping client process on
+//! 127.0.0.1/127.0.0.2 over the software fabric; failures give a one-line error and a non-zero
+//! exit, never a hang.
+
+use std::time::Duration;
+
+use lnd_tests::{Running, spawn, unique_port};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lnd-bench-under-test");
+
+/// Starts `lnd-bench server` on 127.0.0.1@o2ib (clients retry connecting until it listens).
+fn server(port: u16) -> Running {
+    spawn(BIN, &["server", "--nid", "127.0.0.1@o2ib", "--port", &port.to_string()])
+}
+
+fn client(port: u16, args: &[&str]) -> lnd_tests::Outcome {
+    let port = port.to_string();
+    let mut all = args.to_vec();
+    all.extend(["--nid", "127.0.0.2@o2ib", "--to", "127.0.0.1@o2ib", "--port", &port]);
+    spawn(BIN, &all).wait(Duration::from_secs(120))
+}
+
+fn stop(s: Running) -> lnd_tests::Outcome {
+    s.signal(libc::SIGTERM);
+    s.wait(Duration::from_secs(20))
+}
+
+fn data_row(out: &str, test: &str) -> Vec<String> {
+    out.lines()
+        .find(|l| l.starts_with(test))
+        .unwrap_or_else(|| panic!("no '{test}' row in:\n{out}"))
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn brw_write_and_read_with_full_checking() {
+    let port = unique_port(0);
+    let s = server(port);
+    for op in ["write", "read"] {
+        let c = client(
+            port,
+            &["brw", "--op", op, "--size", "64K", "--concurrency", "4", "--count", "300", "--check", "full"],
+        );
+        assert!(c.success, "brw {op}: {c:?}");
+        let row = data_row(&c.stdout, &format!("brw {op}"));
+        // test(2 words) size conc MiB/s RPC/s p50 p99 p99.9 max errors ...
+        assert_eq!(row[2], "64K", "{row:?}");
+        assert_eq!(row[11], "0", "no errors: {row:?}");
+        assert!(row[4].parse::<f64>().unwrap() > 0.0, "{row:?}");
+    }
+    let p = client(port, &["ping", "--size", "4K", "--count", "200", "--json"]);
+    assert!(p.success, "{p:?}");
+    assert!(p.stdout.contains("\"op\": \"ping\"") && p.stdout.contains("\"verified\": true"), "{p:?}");
+    let o = stop(s);
+    assert!(o.success, "server exits cleanly on SIGTERM: {o:?}");
+    assert!(o.stderr.contains("0 errors, 0 corrupt"), "{o:?}");
+}
+
+#[test]
+fn a_killed_server_makes_the_client_fail_with_a_clear_error() {
+    let port = unique_port(1);
+    let s = server(port);
+    let c = spawn(
+        BIN,
+        &[
+            "brw",
+            "--op",
+            "write",
+            "--size",
+            "1M",
+            "--concurrency",
+            "4",
+            "--duration",
+            "60",
+            "--timeout",
+            "5",
+            "--nid",
+            "127.0.0.2@o2ib",
+            "--to",
+            "127.0.0.1@o2ib",
+            "--port",
+            &port.to_string(),
+        ],
+    );
+    // Let traffic flow, then kill the server without warning.
+    assert!(c.try_wait_for(Duration::from_secs(2)).is_none(), "the client is running");
+    s.signal(libc::SIGKILL);
+    let _ = s.wait(Duration::from_secs(5));
+    let o = c.wait(Duration::from_secs(60));
+    assert!(!o.timed_out, "the client does not hang: {o:?}");
+    assert!(!o.success, "{o:?}");
+    let last = o.stderr.lines().last().unwrap_or_default();
+    assert!(last.starts_with("lnd-bench: "), "one clear error line: {o:?}");
+}
+
+#[test]
+fn bad_arguments_give_one_line_and_exit_2() {
+    for args in [
+        &["brw", "--to", "bogus", "--op", "write"][..],
+        &["brw", "--to", "127.0.0.1@o2ib", "--op", "sideways"],
+        &["brw", "--to", "127.0.0.1@o2ib", "--op", "read", "--size", "lots"],
+        &["ping", "--to", "127.0.0.1@o2ib", "--duration", "1", "--count", "2"],
+        &["frobnicate"],
+    ] {
+        let o = spawn(BIN, args).wait(Duration::from_secs(20));
+        assert_eq!(o.code, Some(2), "{args:?}: {o:?}");
+        assert_eq!(o.stderr.trim().lines().count(), 1, "{args:?}: {o:?}");
+        assert!(o.stderr.starts_with("lnd-bench: "), "{args:?}: {o:?}");
+    }
+    let o = spawn(BIN, &["ping", "--to", "127.0.0.1@o2ib", "--size", "5000"]).wait(Duration::from_secs(20));
+    assert_eq!(o.code, Some(1), "{o:?}");
+    assert!(o.stderr.contains("at most"), "{o:?}");
+}
+
+#[test]
+fn a_bad_tunables_file_names_file_line_and_key() {
+    let dir = std::env::temp_dir().join(format!("lnd-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.conf");
+    std::fs::write(&path, "# comment\noptions ko2iblnd peer_credit=32\n").unwrap();
+    let p = path.to_string_lossy().into_owned();
+    let o =
+        spawn(BIN, &["server", "--nid", "127.0.0.1@o2ib", "--tunables", &p]).wait(Duration::from_secs(20));
+    assert_eq!(o.code, Some(1), "{o:?}");
+    let err = o.stderr.trim();
+    assert_eq!(err.lines().count(), 1, "{o:?}");
+    assert!(
+        err.contains("bad.conf:2")
+            && err.contains("peer_credit")
+            && err.contains("did you mean 'peer_credits'"),
+        "{err}"
+    );
+    let missing =
+        spawn(BIN, &["server", "--nid", "127.0.0.1@o2ib", "--tunables", "/nonexistent/ko2iblnd.conf"])
+            .wait(Duration::from_secs(20));
+    assert_eq!(missing.code, Some(1), "{missing:?}");
+    assert!(missing.stderr.contains("/nonexistent/ko2iblnd.conf"), "{missing:?}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn an_unreachable_peer_fails_in_bounded_time() {
+    let port = unique_port(2);
+    let o = spawn(
+        BIN,
+        &[
+            "ping",
+            "--nid",
+            "127.0.0.2@o2ib",
+            "--to",
+            "127.0.0.9@o2ib",
+            "--count",
+            "1",
+            "--timeout",
+            "20",
+            "--port",
+            &port.to_string(),
+        ],
+    )
+    .wait(Duration::from_secs(60));
+    assert!(!o.timed_out && !o.success, "{o:?}");
+    assert!(o.stderr.trim().lines().last().unwrap_or_default().starts_with("lnd-bench: "), "{o:?}");
+}
