@@ -152,27 +152,39 @@ impl Driver {
         match config.fabric.clone() {
             FabricChoice::Soft(soft) => {
                 let soft = SoftConfig { name: format!("soft-{}", nid.addr()), ..soft };
-                let dev = SoftDevice::open_udp(nid.addr(), soft).map_err(|source| DriverError::Fabric { nid, source })?;
+                let dev = SoftDevice::open_udp(nid.addr(), soft)
+                    .map_err(|source| DriverError::Fabric { nid, source })?;
                 Driver::start_on(dev, config, upcalls)
             }
             #[cfg(feature = "verbs")]
             FabricChoice::Verbs(vc) => {
-                let dev =
-                    crate::fabric::verbs::VerbsDevice::open(vc).map_err(|source| DriverError::Fabric { nid, source })?;
+                let dev = crate::fabric::verbs::VerbsDevice::open(vc)
+                    .map_err(|source| DriverError::Fabric { nid, source })?;
                 Driver::start_on(dev, config, upcalls)
             }
         }
     }
 
     /// Starts on an already opened device.
-    pub fn start_on<D: Device>(dev: D, config: DriverConfig, upcalls: Arc<dyn LndUpcalls>) -> Result<Driver, DriverError> {
+    pub fn start_on<D: Device>(
+        dev: D,
+        config: DriverConfig,
+        upcalls: Arc<dyn LndUpcalls>,
+    ) -> Result<Driver, DriverError> {
         let nid = config.nid;
         let seed = config.seed.unwrap_or_else(crate::rng::os_seed);
         let ecfg = EngineConfig::new(nid, config.tunables, wall_clock_micros(), seed);
-        let engine = Engine::new(dev, ecfg, upcalls.clone()).map_err(|source| DriverError::Engine { nid, source })?;
+        let engine =
+            Engine::new(dev, ecfg, upcalls.clone()).map_err(|source| DriverError::Engine { nid, source })?;
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
-        let shared = Arc::new(Shared { nid, queue: SegQueue::new(), waker, stopping: AtomicBool::new(false), upcalls });
+        let shared = Arc::new(Shared {
+            nid,
+            queue: SegQueue::new(),
+            waker,
+            stopping: AtomicBool::new(false),
+            upcalls,
+        });
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("o2iblnd-{}", nid.addr()))
@@ -250,7 +262,8 @@ impl<D: Device> Scheduler<D> {
 
     fn run(mut self) {
         for (i, fd) in self.engine.device().pollable_fds().into_iter().enumerate() {
-            let _ = self.poll.registry().register(&mut SourceFd(&fd), Token(DEVICE_BASE + i), Interest::READABLE);
+            let _ =
+                self.poll.registry().register(&mut SourceFd(&fd), Token(DEVICE_BASE + i), Interest::READABLE);
         }
         let mut events = Events::with_capacity(256);
         let mut shutdown_deadline = None;
@@ -316,9 +329,10 @@ impl<D: Device> Scheduler<D> {
         // Sends that raced the shutdown are reported, never dropped.
         while let Some(cmd) = self.shared.queue.pop() {
             match cmd {
-                Cmd::Send(msg) => {
-                    self.shared.upcalls.send_done(msg.token, Err(LndError::new(Errno::ESHUTDOWN, Health::LocalDropped)))
-                }
+                Cmd::Send(msg) => self
+                    .shared
+                    .upcalls
+                    .send_done(msg.token, Err(LndError::new(Errno::ESHUTDOWN, Health::LocalDropped))),
                 Cmd::Peers(tx) => {
                     let _ = tx.send(Vec::new());
                 }
