@@ -146,10 +146,11 @@ const MAX_FRAME: usize = 4096 + 128;
 const RX_BUFFER: usize = 65_536 + MAX_FRAME;
 
 /// Frames waiting to go out as one GSO send: consecutive frames to one destination, all of
-/// `seg` bytes except possibly the last.
-#[derive(Default)]
+/// `seg` bytes except possibly the last. The buffer is allocated once at full size (a GSO batch
+/// plus one frame) and reused without re-zeroing; `used` bytes of it are frames.
 struct TxBatch {
     buf: Vec<u8>,
+    used: usize,
     dst: Option<Ipv4Addr>,
     seg: usize,
     count: usize,
@@ -157,9 +158,22 @@ struct TxBatch {
     closed: bool,
 }
 
+impl Default for TxBatch {
+    fn default() -> TxBatch {
+        TxBatch {
+            buf: vec![0u8; wire::MAX_GSO_BYTES + MAX_FRAME],
+            used: 0,
+            dst: None,
+            seg: 0,
+            count: 0,
+            closed: false,
+        }
+    }
+}
+
 impl TxBatch {
     fn clear(&mut self) {
-        self.buf.clear();
+        self.used = 0;
         self.dst = None;
         self.seg = 0;
         self.count = 0;
@@ -186,7 +200,7 @@ impl TxBatch {
         self.count += 1;
     }
 
-    /// Sends the frames before byte `start` and moves the frame after it to the front.
+    /// Sends the frames before byte `start` and moves the bytes after it to the front.
     fn flush_before(&mut self, now: Instant, wire: &mut FaultyWire, start: usize) -> std::io::Result<()> {
         let r = match (self.dst, self.buf.get(..start)) {
             (Some(dst), Some(frames)) if self.count > 0 => {
@@ -194,7 +208,8 @@ impl TxBatch {
             }
             _ => Ok(()),
         };
-        self.buf.drain(..start);
+        self.buf.copy_within(start..self.used, 0);
+        self.used -= start;
         self.dst = None;
         self.seg = 0;
         self.count = 0;
@@ -203,8 +218,7 @@ impl TxBatch {
     }
 
     fn flush_all(&mut self, now: Instant, wire: &mut FaultyWire) -> std::io::Result<()> {
-        let end = self.buf.len();
-        let r = self.flush_before(now, wire, end);
+        let r = self.flush_before(now, wire, self.used);
         self.clear();
         r
     }
@@ -585,20 +599,19 @@ impl DevState {
                 let Some(e) = qps.get_mut(&qpn) else { continue };
                 e.in_ready = false;
                 while sent < QP_BURST.min(budget) {
-                    let start = batch.buf.len();
-                    batch.buf.resize(start + MAX_FRAME, 0);
-                    let Some(slot) = batch.buf.get_mut(start..) else { break };
-                    let Some(tx) = e.rc.poll_transmit(now, mrs, slot, stats) else {
-                        batch.buf.truncate(start);
-                        break;
-                    };
-                    batch.buf.truncate(start + tx.len);
+                    let start = batch.used;
+                    let Some(slot) = batch.buf.get_mut(start..start + MAX_FRAME) else { break };
+                    let Some(tx) = e.rc.poll_transmit(now, mrs, slot, stats) else { break };
                     let meta = IcrcMeta::new(local, tx.dst, udp_port, udp_port);
-                    if batch.buf.get_mut(start..).is_none_or(|f| packet::seal(&meta, f).is_err()) {
+                    if batch
+                        .buf
+                        .get_mut(start..start + tx.len)
+                        .is_none_or(|f| packet::seal(&meta, f).is_err())
+                    {
                         stats.malformed += 1;
-                        batch.buf.truncate(start);
                         continue;
                     }
+                    batch.used = start + tx.len;
                     sent += 1;
                     stats.tx_packets += 1;
                     stats.tx_bytes += tx.len as u64;
