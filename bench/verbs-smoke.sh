@@ -15,6 +15,14 @@ server_ip=${2:?server IP address (IPv4 address of the NIC on host A)}
 net=${NET:-o2ib}
 tunables=${TUNABLES:-conf/ko2iblnd.conf}
 
+case "$role" in
+server | client) ;;
+*)
+  echo "unknown role '$role' (server or client)" >&2
+  exit 2
+  ;;
+esac
+
 cargo build --release -p lnd-bench --features verbs
 bench=target/release/lnd-bench
 
@@ -30,9 +38,5 @@ client)
   "$bench" brw "${common[@]}" --op write --size 1M --concurrency 8 --check full --duration 10
   "$bench" brw "${common[@]}" --op read --size 1M --concurrency 8 --check full --duration 10
   echo "verbs smoke test passed"
-  ;;
-*)
-  echo "unknown role '$role' (server or client)" >&2
-  exit 2
   ;;
 esac
