@@ -214,6 +214,8 @@ pub struct Engine<D: Device> {
     shutdown: bool,
     wcs: Vec<Wc>,
     scratch: Vec<u8>,
+    /// Completions and CM events handled (part of [`Engine::poll`]'s activity measure).
+    work: u64,
 }
 
 /// How often connections are scanned for keepalives, connect deadlines and zombies.
@@ -277,6 +279,7 @@ impl<D: Device> Engine<D> {
             shutdown: false,
             wcs: vec![Wc::default(); WC_BATCH],
             scratch: vec![0u8; IBLND_MSG_SIZE],
+            work: 0,
             cfg,
         })
     }
@@ -361,13 +364,17 @@ impl<D: Device> Engine<D> {
 
     // ------------------------------------------------------------------ the poll loop
 
-    /// Does all work due at `now`: device progress, CM, completions, timers, posting.
-    pub fn poll(&mut self, now: Instant) {
+    /// Does all work due at `now`: device progress, CM, completions, timers, posting. Returns
+    /// whether anything happened (frames moved, messages or completions handled), which a
+    /// driver uses to decide whether to keep polling or to sleep.
+    pub fn poll(&mut self, now: Instant) -> bool {
+        let before = self.activity();
         if let Err(e) = self.dev.progress(now) {
             // A device error is not a protocol event; the fabric retries on the next call.
             let _ = e;
         }
         while let Some((from, mad)) = self.dev.recv_mad() {
+            self.work += 1;
             self.cm.handle_mad(now, from, &mad);
         }
         while let Some(ev) = self.dev.poll_async_event() {
@@ -391,6 +398,17 @@ impl<D: Device> Engine<D> {
             let _ = self.dev.send_mad(&to, &mad);
         }
         let _ = self.dev.progress(now);
+        self.activity() != before
+    }
+
+    /// A counter that moves whenever the engine or its device does something.
+    fn activity(&self) -> u64 {
+        let f = self.dev.stats();
+        self.work
+            .wrapping_add(self.stats.tx_msgs)
+            .wrapping_add(self.stats.rx_msgs)
+            .wrapping_add(f.rx_packets)
+            .wrapping_add(f.tx_packets)
     }
 
     /// When [`Engine::poll`] must run next even if no fd fires (`Some(t <= now)`: now).
@@ -476,6 +494,7 @@ impl<D: Device> Engine<D> {
     }
 
     fn handle_wc(&mut self, now: Instant, wc: Wc) {
+        self.work += 1;
         let Some((kind, generation, index)) = parse_wr_id(wc.wr_id) else {
             self.stats.stale_completions += 1;
             return;

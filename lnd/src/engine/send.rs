@@ -303,6 +303,11 @@ impl<D: Device> Engine<D> {
         if rd.len() > crate::wire::IBLND_MAX_RDMA_FRAGS {
             return Err(err(Errno::EMSGSIZE, Health::LocalError));
         }
+        if rd.is_empty() {
+            // A descriptor has 1..=257 fragments: an empty sink is one empty fragment.
+            let addr = frags.first().map_or(0, |f| f.buf.addr() + f.offset as u64);
+            rd.push(RdmaFrag { nob: 0, addr });
+        }
         Ok((key.unwrap_or(0), rd))
     }
 

@@ -134,6 +134,10 @@ pub struct Tunables {
     /// Scatter/gather elements per RDMA work request (`max_send_sge`). Default 2; at least 1,
     /// else refused; the device clamps it to its `max_send_sge` when the QP is created.
     pub wrq_sge: u32,
+    /// **lnd-rs extension** (no o2iblnd equivalent): microseconds the scheduler keeps polling
+    /// the device after its last piece of work before it sleeps in the poller. Trades CPU for
+    /// latency while traffic flows; an idle interface still sleeps. Default 50; 0..=1000000.
+    pub busy_poll_usec: u32,
     /// Seconds without news before LNet declares a peer (router) dead; 0 disables. Default
     /// 180; negative treated as 0.
     pub peer_timeout: u32,
@@ -174,6 +178,7 @@ impl Default for Tunables {
             nscheds: 0,
             conns_per_peer: 1,
             wrq_sge: 2,
+            busy_poll_usec: 50,
             peer_timeout: 180,
             peer_buffer_credits: 0,
             dev_failover: 0,

@@ -67,10 +67,12 @@ pub(crate) enum Param {
     PeerBufferCredits,
     DevFailover,
     Tos,
+    /// lnd-rs extension (not an o2iblnd parameter).
+    BusyPollUsec,
 }
 
 /// Number of current parameters.
-pub(crate) const NPARAMS: usize = 27;
+pub(crate) const NPARAMS: usize = 28;
 
 impl Param {
     pub(crate) const ALL: [Param; NPARAMS] = [
@@ -101,6 +103,7 @@ impl Param {
         Param::PeerBufferCredits,
         Param::DevFailover,
         Param::Tos,
+        Param::BusyPollUsec,
     ];
 
     /// The module parameter name.
@@ -133,6 +136,7 @@ impl Param {
             Param::PeerBufferCredits => "peer_buffer_credits",
             Param::DevFailover => "dev_failover",
             Param::Tos => "tos",
+            Param::BusyPollUsec => "busy_poll_usec",
         }
     }
 
@@ -249,6 +253,7 @@ fn field_value(t: &Tunables, p: Param) -> Value {
         Param::PeerBufferCredits => int(t.peer_buffer_credits),
         Param::DevFailover => int(t.dev_failover),
         Param::Tos => Value::Int(i64::from(t.tos)),
+        Param::BusyPollUsec => int(t.busy_poll_usec),
     }
 }
 
@@ -462,6 +467,7 @@ impl Rules<'_> {
         let dev_failover =
             self.uint_in(P::DevFailover, 0, 2, "0 (off), 1 (on) or 2 (forced, for debugging)")?;
         let tos = self.int_in(P::Tos, -1, 255, "-1 (unset) or 0..=255")?;
+        let busy_poll_usec = self.uint_in(P::BusyPollUsec, 0, 1_000_000, "0 (never spin) ..= 1000000")?;
 
         // peer_credits (the queue depth Q): at least IBLND_CREDITS_DEFAULT, at most
         // IBLND_CREDITS_MAX, and never above credits; in that order, as o2iblnd.
@@ -606,6 +612,7 @@ impl Rules<'_> {
             peer_buffer_credits,
             dev_failover,
             tos: i32::try_from(tos).unwrap_or(-1),
+            busy_poll_usec,
         })
     }
 }

@@ -107,7 +107,7 @@ options ko2iblnd peer_credits=32 peer_credits_hiw=20 concurrent_sends=48 fmr_poo
 options ko2iblnd fmr_flush_trigger=400 fmr_cache=0 use_fastreg_gaps=1 ib_mtu=2048 retry_count=7
 options ko2iblnd rnr_retry_count=7 use_privileged_port=0 require_privileged_port=1 ipif_name=ib1
 options ko2iblnd nscheds=3 conns_per_peer=4 wrq_sge=4 peer_timeout=0 peer_buffer_credits=16
-options ko2iblnd dev_failover=1 tos=106
+options ko2iblnd dev_failover=1 tos=106 busy_poll_usec=7
 ";
     for name in Tunables::parameter_names().filter(|&n| n != "map_on_demand") {
         assert!(text.contains(&format!(" {name}=")), "test text misses {name}");
@@ -143,6 +143,7 @@ options ko2iblnd dev_failover=1 tos=106
         peer_buffer_credits: 16,
         dev_failover: 1,
         tos: 106,
+        busy_poll_usec: 7,
     };
     assert_eq!(t, expected);
 }
@@ -946,7 +947,7 @@ fn to_modprobe_string_round_trips() {
          fmr_flush_trigger=384 fmr_cache=1 use_fastreg_gaps=0 ib_mtu=0 retry_count=5 \
          rnr_retry_count=6 use_privileged_port=1 require_privileged_port=0 ipif_name=ib0 \
          nscheds=0 conns_per_peer=1 wrq_sge=2 peer_timeout=180 peer_buffer_credits=0 \
-         dev_failover=0 tos=-1"
+         dev_failover=0 tos=-1 busy_poll_usec=50"
     );
     check(
         &parse(
@@ -1035,6 +1036,7 @@ fn random_tunables(rng: &mut Rng) -> Tunables {
         peer_buffer_credits: rng.range(0, 1024),
         dev_failover: rng.range(0, 2),
         tos: rng.range(0, 256) as i32 - 1,
+        busy_poll_usec: rng.range(0, 1000),
     }
 }
 

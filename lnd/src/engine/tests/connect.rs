@@ -339,3 +339,23 @@ fn noops_return_credits_to_a_one_way_stream_at_the_high_water_mark() {
     assert!(sim.nodes[0].engine.stats().credit_stalls > 0, "seed {s}: the stream did wait for credits");
     settle_and_check(&mut sim);
 }
+
+#[test]
+fn regression_zero_length_get_is_one_empty_fragment() {
+    // A GET with an empty sink went out as GET_REQ with no RDMA fragment, which the peer
+    // refused as malformed (o2iblnd descriptors carry 1..=257 fragments), closing the link.
+    let s = seed();
+    let mut sim = Sim::new(s, 2, &tunables(), FaultConfig::NONE);
+    sim.nodes[1].lnet.post_source(3, vec![]);
+    let (a, b) = (nid(0), nid(1));
+    let get =
+        LndSend { target: b, hdr: get_hdr(a, b, 3, 0), payload: vec![], get_sink: Some(vec![]), token: 3 };
+    sim.nodes[0].engine.send(sim.now, get).unwrap();
+    assert_eq!(
+        sim.wait_send(0, 3, 100_000),
+        Ok(lnet_shim::lnd::SendStatus { reply_len: Some(0) }),
+        "seed {s}"
+    );
+    assert_eq!(sim.nodes[1].engine.stats().protocol_errors, 0, "seed {s}");
+    assert_eq!(sim.nodes[0].engine.conn_details(nid(1)).len(), 1, "seed {s}: the connection stays up");
+}

@@ -241,6 +241,17 @@ impl Wire for FaultyWire {
         }
     }
 
+    fn send_segments(&mut self, now: Instant, dst: Ipv4Addr, frames: &[u8], seg: usize) -> io::Result<()> {
+        self.release_tx(now)?;
+        if self.config.tx.is_none() {
+            return self.inner.send_segments(now, dst, frames, seg);
+        }
+        for frame in frames.chunks(seg.max(1)) {
+            self.send(now, dst, frame)?;
+        }
+        Ok(())
+    }
+
     fn recv(&mut self, now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>> {
         self.release_tx(now)?;
         loop {
@@ -255,9 +266,21 @@ impl Wire for FaultyWire {
                     return Ok(Some(meta));
                 }
             }
-            let Some(meta) = self.inner.recv(now, buf)? else {
+            let Some(mut meta) = self.inner.recv(now, buf)? else {
                 return Ok(None);
             };
+            if meta.seg > 0 && !self.config.rx.is_none() {
+                // Faults apply frame by frame: keep the coalesced followers in arrival order.
+                let seg = meta.seg;
+                let followers: Vec<Vec<u8>> =
+                    buf.get(seg..meta.len).unwrap_or_default().chunks(seg).map(<[u8]>::to_vec).collect();
+                for f in followers {
+                    let seq = self.next_seq();
+                    let single = Received::single(meta.src, meta.src_port, f.len());
+                    self.rx_held.insert((now, seq), (single, f));
+                }
+                meta = Received::single(meta.src, meta.src_port, seg);
+            }
             match self.fate(self.config.rx) {
                 Fate::Drop => continue,
                 Fate::Deliver { copies: 1, hold: None, corrupt: false } => return Ok(Some(meta)),

@@ -142,6 +142,98 @@ const GSI_QUEUE_MAX: usize = 4096;
 const EVENT_QUEUE_MAX: usize = 4096;
 /// Largest frame: BTH + RETH + ImmDt + 4096 payload + pad + ICRC, rounded up.
 const MAX_FRAME: usize = 4096 + 128;
+/// Receive buffer: room for a UDP GRO batch of coalesced frames.
+const RX_BUFFER: usize = 65_536 + MAX_FRAME;
+
+/// Frames waiting to go out as one GSO send: consecutive frames to one destination, all of
+/// `seg` bytes except possibly the last. The buffer is allocated once at full size (a GSO batch
+/// plus one frame) and reused without re-zeroing; `used` bytes of it are frames.
+struct TxBatch {
+    buf: Vec<u8>,
+    used: usize,
+    dst: Option<Ipv4Addr>,
+    seg: usize,
+    count: usize,
+    /// A frame shorter than `seg` was added: nothing may follow it.
+    closed: bool,
+}
+
+impl Default for TxBatch {
+    fn default() -> TxBatch {
+        TxBatch {
+            buf: vec![0u8; wire::MAX_GSO_BYTES + MAX_FRAME],
+            used: 0,
+            dst: None,
+            seg: 0,
+            count: 0,
+            closed: false,
+        }
+    }
+}
+
+impl TxBatch {
+    fn clear(&mut self) {
+        self.used = 0;
+        self.dst = None;
+        self.seg = 0;
+        self.count = 0;
+        self.closed = false;
+    }
+
+    /// Whether a frame of `len` bytes to `dst`, written at `start`, can join the batch.
+    fn fits(&self, dst: Ipv4Addr, len: usize, start: usize) -> bool {
+        self.count == 0
+            || (self.dst == Some(dst)
+                && !self.closed
+                && len <= self.seg
+                && self.count < wire::MAX_GSO_SEGMENTS
+                && start + len <= wire::MAX_GSO_BYTES)
+    }
+
+    fn push(&mut self, dst: Ipv4Addr, len: usize) {
+        if self.count == 0 {
+            self.dst = Some(dst);
+            self.seg = len;
+        } else if len < self.seg {
+            self.closed = true;
+        }
+        self.count += 1;
+    }
+
+    /// Sends the frames before byte `start` and moves the bytes after it to the front.
+    fn flush_before(&mut self, now: Instant, wire: &mut FaultyWire, start: usize) -> std::io::Result<()> {
+        let r = match (self.dst, self.buf.get(..start)) {
+            (Some(dst), Some(frames)) if self.count > 0 => {
+                send_batch(now, wire, dst, frames, self.seg, self.count)
+            }
+            _ => Ok(()),
+        };
+        self.buf.copy_within(start..self.used, 0);
+        self.used -= start;
+        self.dst = None;
+        self.seg = 0;
+        self.count = 0;
+        self.closed = false;
+        r
+    }
+
+    fn flush_all(&mut self, now: Instant, wire: &mut FaultyWire) -> std::io::Result<()> {
+        let r = self.flush_before(now, wire, self.used);
+        self.clear();
+        r
+    }
+}
+
+fn send_batch(
+    now: Instant,
+    wire: &mut FaultyWire,
+    dst: Ipv4Addr,
+    frames: &[u8],
+    seg: usize,
+    count: usize,
+) -> std::io::Result<()> {
+    if count == 1 { wire.send(now, dst, frames) } else { wire.send_segments(now, dst, frames, seg) }
+}
 
 struct QpEntry {
     rc: RcQp,
@@ -170,7 +262,7 @@ struct DevState {
     gsi_psn: u32,
     events: VecDeque<AsyncEvent>,
     stats: FabricStats,
-    frame: Vec<u8>,
+    batch: TxBatch,
     rx_buf: Vec<u8>,
     scratch: Vec<Completion>,
     scratch_events: Vec<AsyncEvent>,
@@ -289,8 +381,8 @@ impl SoftDevice {
             gsi_psn: 0,
             events: VecDeque::new(),
             stats: FabricStats::default(),
-            frame: vec![0u8; MAX_FRAME],
-            rx_buf: vec![0u8; MAX_FRAME + 64],
+            batch: TxBatch::default(),
+            rx_buf: vec![0u8; RX_BUFFER],
             scratch: Vec::new(),
             scratch_events: Vec::new(),
             more_rx: false,
@@ -413,6 +505,8 @@ impl DevState {
         }
     }
 
+    /// Handles the frame at `rx_buf[at..at + len]`.
+    #[allow(clippy::too_many_arguments, reason = "one received frame and where it came from")]
     fn handle_frame(
         &mut self,
         now: Instant,
@@ -420,10 +514,11 @@ impl DevState {
         udp_port: u16,
         src: Ipv4Addr,
         src_port: u16,
+        at: usize,
         len: usize,
     ) {
         let meta = IcrcMeta::new(src, local, src_port, udp_port);
-        let frame = self.rx_buf.get(..len).unwrap_or_default();
+        let frame = self.rx_buf.get(at..at + len).unwrap_or_default();
         let pkt = match packet::parse(&meta, frame) {
             Ok(p) => p,
             Err(PacketError::BadIcrc { .. }) => {
@@ -493,43 +588,53 @@ impl DevState {
     /// Sends frames from ready QPs; returns false if the wire pushed back.
     fn transmit(&mut self, now: Instant, local: Ipv4Addr, udp_port: u16) -> std::io::Result<()> {
         let mut budget = TX_BATCH;
-        while budget > 0 {
+        let mut batch = std::mem::take(&mut self.batch);
+        batch.clear();
+        let mut result = Ok(());
+        'qps: while budget > 0 {
             let Some(qpn) = self.ready.pop_front() else { break };
             let mut sent = 0usize;
-            let mut blocked = false;
             {
-                let DevState { qps, mrs, wire, stats, frame, .. } = self;
+                let DevState { qps, mrs, wire, stats, .. } = self;
                 let Some(e) = qps.get_mut(&qpn) else { continue };
                 e.in_ready = false;
                 while sent < QP_BURST.min(budget) {
-                    let Some(tx) = e.rc.poll_transmit(now, mrs, frame, stats) else { break };
-                    let Some(bytes) = frame.get_mut(..tx.len) else { break };
+                    let start = batch.used;
+                    let Some(slot) = batch.buf.get_mut(start..start + MAX_FRAME) else { break };
+                    let Some(tx) = e.rc.poll_transmit(now, mrs, slot, stats) else { break };
                     let meta = IcrcMeta::new(local, tx.dst, udp_port, udp_port);
-                    if packet::seal(&meta, bytes).is_err() {
+                    if batch
+                        .buf
+                        .get_mut(start..start + tx.len)
+                        .is_none_or(|f| packet::seal(&meta, f).is_err())
+                    {
                         stats.malformed += 1;
                         continue;
                     }
+                    batch.used = start + tx.len;
                     sent += 1;
                     stats.tx_packets += 1;
                     stats.tx_bytes += tx.len as u64;
-                    match wire.send(now, tx.dst, bytes) {
-                        Ok(()) => {}
-                        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
-                            blocked = true;
-                            break;
+                    if !batch.fits(tx.dst, tx.len, start) {
+                        // Send what was batched before this frame, then start over with it.
+                        if let Err(err) = batch.flush_before(now, wire, start) {
+                            result = Err(err);
+                            break 'qps;
                         }
-                        Err(err) => return Err(err),
                     }
+                    batch.push(tx.dst, tx.len);
                 }
             }
             budget = budget.saturating_sub(sent.max(1));
             self.after_qp(qpn, Some(now));
-            if blocked {
-                self.mark_ready(qpn);
-                break;
-            }
         }
-        Ok(())
+        let flushed = batch.flush_all(now, &mut self.wire);
+        self.batch = batch;
+        match (result, flushed) {
+            (Err(e), _) | (Ok(()), Err(e)) if e.kind() != std::io::ErrorKind::WouldBlock => Err(e),
+            // A full socket buffer loses the frames; the RC transport retransmits them.
+            _ => Ok(()),
+        }
     }
 
     fn fire_timers(&mut self, now: Instant) {
@@ -711,7 +816,16 @@ impl Device for SoftDevice {
             }
             let DevState { wire, rx_buf, .. } = &mut *s;
             match wire.recv(now, rx_buf) {
-                Ok(Some(r)) => s.handle_frame(now, local, port, r.src, r.src_port, r.len),
+                Ok(Some(r)) => {
+                    // One datagram, or several coalesced by GRO: frames of `seg` bytes.
+                    let seg = if r.seg == 0 { r.len } else { r.seg };
+                    let mut at = 0;
+                    while at < r.len {
+                        let n = seg.min(r.len - at);
+                        s.handle_frame(now, local, port, r.src, r.src_port, at, n);
+                        at += n;
+                    }
+                }
                 Ok(None) => break,
                 Err(e) => return Err(FabricError::io("recv", e)),
             }

@@ -161,7 +161,7 @@ impl Wire for SimPort {
         if let (Some(dst), Some(src)) = (buf.get_mut(..len), frame.bytes.get(..len)) {
             dst.copy_from_slice(src);
         }
-        Ok(Some(Received { src: frame.src, src_port: ROCEV2_UDP_PORT, len }))
+        Ok(Some(Received::single(frame.src, ROCEV2_UDP_PORT, len)))
     }
 
     fn raw_fd(&self) -> Option<RawFd> {

@@ -20,7 +20,17 @@ pub trait Wire: Send {
     fn udp_port(&self) -> u16;
     /// Sends one frame to `dst`. `WouldBlock` means the frame was not sent.
     fn send(&mut self, now: Instant, dst: Ipv4Addr, frame: &[u8]) -> io::Result<()>;
-    /// Receives one frame into `buf`: `Ok(None)` when nothing is waiting.
+    /// Sends consecutive frames of `seg` bytes each (the last may be shorter) to `dst`, as one
+    /// batch where the transport can (UDP GSO); each is still a datagram of its own.
+    fn send_segments(&mut self, now: Instant, dst: Ipv4Addr, frames: &[u8], seg: usize) -> io::Result<()> {
+        for frame in frames.chunks(seg.max(1)) {
+            self.send(now, dst, frame)?;
+        }
+        Ok(())
+    }
+    /// Receives into `buf`: one frame, or (with [`Received::seg`] non-zero) several
+    /// coalesced frames of `seg` bytes each, the last possibly shorter. `Ok(None)` when nothing
+    /// is waiting.
     fn recv(&mut self, now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>>;
     /// The fd that becomes readable when frames arrive, if there is one.
     fn raw_fd(&self) -> Option<RawFd>;
@@ -28,24 +38,49 @@ pub trait Wire: Send {
     fn next_deadline(&self) -> Option<Instant>;
 }
 
-/// Where a received frame came from and how long it is.
+/// Where received frames came from and how long they are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Received {
     /// Source address.
     pub src: Ipv4Addr,
     /// Source UDP port.
     pub src_port: u16,
-    /// Frame length (bytes written to the buffer).
+    /// Bytes written to the buffer.
     pub len: usize,
+    /// 0 for a single frame; otherwise the buffer holds frames of this size (UDP GRO), the
+    /// last one possibly shorter.
+    pub seg: usize,
+}
+
+impl Received {
+    /// A single frame of `len` bytes.
+    pub fn single(src: Ipv4Addr, src_port: u16, len: usize) -> Received {
+        Received { src, src_port, len, seg: 0 }
+    }
 }
 
 /// A real UDP socket bound to one IPv4 address.
+///
+/// Batches use the kernel's UDP segmentation offload when it has it (`UDP_SEGMENT` on send,
+/// `UDP_GRO` on receive): one system call moves up to [`MAX_GSO_SEGMENTS`] frames, each still
+/// a datagram of its own on the wire. Without them it falls back to one datagram per call.
 #[derive(Debug)]
 pub struct UdpWire {
     socket: UdpSocket,
     ip: Ipv4Addr,
     port: u16,
+    gso: bool,
+    gro: bool,
 }
+
+/// `UDP_SEGMENT` (linux/udp.h): segment size for UDP GSO.
+const UDP_SEGMENT: libc::c_int = 103;
+/// `UDP_GRO` (linux/udp.h): receive coalesced datagrams.
+const UDP_GRO: libc::c_int = 104;
+/// Most frames one GSO send carries (the kernel allows 64; the IP length limit binds first).
+pub const MAX_GSO_SEGMENTS: usize = 64;
+/// Largest GSO send: the IP datagram limit minus IP and UDP headers.
+pub const MAX_GSO_BYTES: usize = 65_507;
 
 /// Socket buffer size the wire asks for: several full windows of 4 KiB frames.
 const SOCKET_BUFFER: usize = 32 << 20;
@@ -70,7 +105,83 @@ impl UdpWire {
             SocketAddr::V4(a) => a.port(),
             SocketAddr::V6(a) => a.port(),
         };
-        Ok(UdpWire { socket, ip, port })
+        let gro = set_int_opt(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        Ok(UdpWire { socket, ip, port, gso: true, gro })
+    }
+
+    /// One `sendmsg` with a `UDP_SEGMENT` control message.
+    fn send_gso(&self, dst: Ipv4Addr, frames: &[u8], seg: u16) -> io::Result<()> {
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: self.port.to_be(),
+            sin_addr: libc::in_addr { s_addr: u32::from(dst).to_be() },
+            sin_zero: [0; 8],
+        };
+        let mut iov = libc::iovec { iov_base: frames.as_ptr() as *mut libc::c_void, iov_len: frames.len() };
+        // Room for one cmsg carrying a u16, aligned as cmsghdr requires.
+        let mut control = [0u64; 4];
+        // SAFETY: an all-zero msghdr is a valid empty message; every pointer set below points to
+        // a live local (address, iovec, control buffer) that outlives the sendmsg call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&addr as *const libc::sockaddr_in).cast_mut().cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as usize;
+        // SAFETY: msg_control points to `control` (32 bytes, 8-aligned), which holds
+        // CMSG_SPACE(2) = 24 bytes, so CMSG_FIRSTHDR returns a header inside it and CMSG_DATA
+        // leaves room for the u16 written (unaligned write: no alignment assumed).
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_UDP;
+            (*cmsg).cmsg_type = UDP_SEGMENT;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), seg);
+        }
+        // SAFETY: `msg` describes live buffers as established above; the kernel only reads.
+        let n = unsafe { libc::sendmsg(self.socket.as_raw_fd(), &msg, 0) };
+        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    }
+
+    /// One `recvmsg`, reporting the GRO segment size if the kernel coalesced datagrams.
+    fn recv_gro(&self, buf: &mut [u8]) -> io::Result<Received> {
+        // SAFETY: an all-zero sockaddr_in is a valid (unspecified) address for the kernel to fill.
+        let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        let mut control = [0u64; 8];
+        // SAFETY: as in `send_gso`: zeroed msghdr, pointers to live locals and to `buf`.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&mut addr as *mut libc::sockaddr_in).cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        // SAFETY: the kernel writes at most iov_len bytes into `buf`, msg_namelen into `addr`
+        // and msg_controllen into `control`, all live for the call.
+        let n = unsafe { libc::recvmsg(self.socket.as_raw_fd(), &mut msg, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut seg = 0usize;
+        // SAFETY: the control buffer was filled by the kernel; CMSG_FIRSTHDR/NXTHDR walk it
+        // within msg_controllen and CMSG_DATA of a UDP_GRO cmsg holds an int (read unaligned).
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_UDP && (*cmsg).cmsg_type == UDP_GRO {
+                    let v = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+                    seg = usize::try_from(v).unwrap_or(0);
+                }
+                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+            }
+        }
+        let len = n as usize;
+        let src = Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr));
+        let seg = if seg > 0 && seg < len { seg } else { 0 };
+        Ok(Received { src, src_port: u16::from_be(addr.sin_port), len, seg })
     }
 }
 
@@ -107,13 +218,38 @@ impl Wire for UdpWire {
         }
     }
 
+    fn send_segments(&mut self, now: Instant, dst: Ipv4Addr, frames: &[u8], seg: usize) -> io::Result<()> {
+        if !self.gso || frames.len() <= seg || seg == 0 || seg > usize::from(u16::MAX) {
+            for frame in frames.chunks(seg.max(1)) {
+                self.send(now, dst, frame)?;
+            }
+            return Ok(());
+        }
+        match self.send_gso(dst, frames, seg as u16) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(()),
+            // No GSO in this kernel or for this route: one datagram per call from now on.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP)) => {
+                self.gso = false;
+                self.send_segments(now, dst, frames, seg)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     fn recv(&mut self, _now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>> {
         loop {
-            return match self.socket.recv_from(buf) {
-                Ok((len, SocketAddr::V4(src))) => {
-                    Ok(Some(Received { src: *src.ip(), src_port: src.port(), len }))
+            let r = if self.gro {
+                self.recv_gro(buf)
+            } else {
+                match self.socket.recv_from(buf) {
+                    Ok((len, SocketAddr::V4(src))) => Ok(Received::single(*src.ip(), src.port(), len)),
+                    Ok((_, SocketAddr::V6(_))) => continue,
+                    Err(e) => Err(e),
                 }
-                Ok((_, SocketAddr::V6(_))) => continue,
+            };
+            return match r {
+                Ok(r) => Ok(Some(r)),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
