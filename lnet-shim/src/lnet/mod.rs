@@ -268,11 +268,11 @@ struct ReplyTo {
 /// What to do once LNet's lock is released.
 enum Outgoing {
     /// Hand `msg` to an LND.
-    Lnd { ni: usize, lnd: Arc<dyn Lnd>, msg: LndSend },
+    Lnd { lnd: Arc<dyn Lnd>, msg: LndSend },
     /// Deliver a self-send inside LNet.
     Local { ni: usize, msg: LndSend },
     /// Report a send as failed (no LND to take it).
-    Fail { ni: usize, token: u64, error: LndError },
+    Fail { token: u64, error: LndError },
 }
 
 /// Work gathered under the lock: sends to start and events to deliver.
@@ -596,18 +596,14 @@ impl Inner {
     fn finish(&self, mut work: Work) {
         while let Some(out) = work.sends.pop_front() {
             match out {
-                Outgoing::Lnd { ni, lnd, msg } => {
+                Outgoing::Lnd { lnd, msg } => {
                     let token = msg.token;
                     if let Err(e) = lnd.send(msg) {
                         self.run(|st, w| st.send_done(token, Err(e), w));
                     }
-                    let _ = ni;
                 }
                 Outgoing::Local { ni, msg } => self.deliver_local(ni, msg),
-                Outgoing::Fail { ni, token, error } => {
-                    let _ = ni;
-                    self.run(|st, w| st.send_done(token, Err(error), w));
-                }
+                Outgoing::Fail { token, error } => self.run(|st, w| st.send_done(token, Err(error), w)),
             }
         }
         self.flush_events();

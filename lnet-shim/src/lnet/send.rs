@@ -195,7 +195,6 @@ impl State {
         self.msgs.insert(token, Msg { ni, peer: target, credit: CreditState::None, queued: None, kind });
         let Some(n) = self.nis.get_mut(ni) else {
             work.sends.push_back(Outgoing::Fail {
-                ni,
                 token,
                 error: LndError::new(Errno::EHOSTUNREACH, Health::LocalError),
             });
@@ -231,9 +230,8 @@ impl State {
             return;
         }
         match &n.lnd {
-            Some(lnd) => work.sends.push_back(Outgoing::Lnd { ni, lnd: lnd.clone(), msg: send }),
+            Some(lnd) => work.sends.push_back(Outgoing::Lnd { lnd: lnd.clone(), msg: send }),
             None => work.sends.push_back(Outgoing::Fail {
-                ni,
                 token: send.token,
                 error: LndError::new(Errno::EHOSTUNREACH, Health::LocalError),
             }),
