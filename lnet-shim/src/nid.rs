@@ -106,9 +106,10 @@ impl FromStr for Net {
 
     /// Parses `o2ib`, `o2ib0`, `o2ib12`, `tcp`, `lo`.
     fn from_str(s: &str) -> Result<Net, NidParseError> {
-        // The number is the trailing run of digits ("o2ib12" -> "o2ib", "12").
-        let split = s.rfind(|c: char| !c.is_ascii_digit()).map_or(0, |i| i + 1);
-        let (name, digits) = s.split_at(split);
+        // The number is the trailing run of digits ("o2ib12" -> "o2ib", "12"). Split where the
+        // digits start, which is a char boundary even when the name ends in a multi-byte char.
+        let name_len = s.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (name, digits) = s.split_at(name_len);
         let net_type = NetType::from_name(name)
             .ok_or_else(|| NidParseError::UnknownNetType { input: s.to_owned(), name: name.to_owned() })?;
         let number = if digits.is_empty() {
@@ -315,6 +316,12 @@ mod tests {
         for s in samples {
             let _ = s.parse::<Nid>();
             let _ = s.parse::<Net>();
+        }
+        // Regression (found by the `nid` fuzz target): a name ending in a multi-byte character
+        // used to be split inside that character, and `split_at` panicked.
+        for s in ["é", "o2ibé", "o2ibé5", "\u{fffd}\u{fffd}", "1.2.3.4@é", "1.2.3.4@\u{fffd}7", "0@loé"] {
+            assert!(matches!(s.parse::<Net>(), Err(NidParseError::UnknownNetType { .. })), "{s}");
+            assert!(s.parse::<Nid>().is_err(), "{s}");
         }
         // Unknown LND types still print.
         let n = Nid::from_u64(0x00ff_0001_0102_0304);
