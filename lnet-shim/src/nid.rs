@@ -176,7 +176,10 @@ impl fmt::Display for Nid {
         let net = self.net();
         let number = net.number();
         match net.net_type() {
-            Some(NetType::Lo) => write!(f, "{}@lo", self.0 as u32),
+            // The loopback address is a plain number; the network number follows the name as
+            // for any other type (`libcfs_nid2str`: `0@lo`, `0@lo1`).
+            Some(NetType::Lo) if number == 0 => write!(f, "{}@lo", self.0 as u32),
+            Some(NetType::Lo) => write!(f, "{}@lo{}", self.0 as u32, number),
             Some(t) if number == 0 => write!(f, "{}@{}", self.addr(), t.name()),
             Some(t) => write!(f, "{}@{}{}", self.addr(), t.name(), number),
             None => write!(f, "{}@<{}:{}>", self.addr(), net.0 >> 16, number),
@@ -294,6 +297,13 @@ mod tests {
             let nid: Nid = s.parse().unwrap();
             assert_eq!(nid.to_string(), s);
             assert_eq!(Nid::from_u64(nid.as_u64()), nid);
+        }
+        // Regression (found by the `nid` fuzz target): a loopback NID on a network other than 0
+        // printed without its network number, so `9@lo9` printed as `9@lo`, another NID.
+        for s in ["9@lo9", "65536@lo1", "4294967295@lo65535"] {
+            let nid: Nid = s.parse().unwrap();
+            assert_eq!(nid.to_string(), s);
+            assert_eq!(nid.to_string().parse::<Nid>(), Ok(nid));
         }
         assert_eq!("o2ib0".parse::<Net>().unwrap().to_string(), "o2ib0");
         assert_eq!("o2ib".parse::<Net>().unwrap(), "o2ib0".parse::<Net>().unwrap());
