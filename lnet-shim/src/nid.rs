@@ -106,9 +106,10 @@ impl FromStr for Net {
 
     /// Parses `o2ib`, `o2ib0`, `o2ib12`, `tcp`, `lo`.
     fn from_str(s: &str) -> Result<Net, NidParseError> {
-        // The number is the trailing run of digits ("o2ib12" -> "o2ib", "12").
-        let split = s.char_indices().rfind(|(_, c)| !c.is_ascii_digit()).map_or(0, |(i, c)| i + c.len_utf8());
-        let (name, digits) = s.split_at(split);
+        // The number is the trailing run of digits ("o2ib12" -> "o2ib", "12"). Split where the
+        // digits start, which is a char boundary even when the name ends in a multi-byte char.
+        let name_len = s.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (name, digits) = s.split_at(name_len);
         let net_type = NetType::from_name(name)
             .ok_or_else(|| NidParseError::UnknownNetType { input: s.to_owned(), name: name.to_owned() })?;
         let number = if digits.is_empty() {
@@ -175,7 +176,10 @@ impl fmt::Display for Nid {
         let net = self.net();
         let number = net.number();
         match net.net_type() {
-            Some(NetType::Lo) => write!(f, "{}@lo", self.0 as u32),
+            // The loopback address is a plain number; the network number follows the name as
+            // for any other type (`libcfs_nid2str`: `0@lo`, `0@lo1`).
+            Some(NetType::Lo) if number == 0 => write!(f, "{}@lo", self.0 as u32),
+            Some(NetType::Lo) => write!(f, "{}@lo{}", self.0 as u32, number),
             Some(t) if number == 0 => write!(f, "{}@{}", self.addr(), t.name()),
             Some(t) => write!(f, "{}@{}{}", self.addr(), t.name(), number),
             None => write!(f, "{}@<{}:{}>", self.addr(), net.0 >> 16, number),
@@ -294,6 +298,13 @@ mod tests {
             assert_eq!(nid.to_string(), s);
             assert_eq!(Nid::from_u64(nid.as_u64()), nid);
         }
+        // Regression (found by the `nid` fuzz target): a loopback NID on a network other than 0
+        // printed without its network number, so `9@lo9` printed as `9@lo`, another NID.
+        for s in ["9@lo9", "65536@lo1", "4294967295@lo65535"] {
+            let nid: Nid = s.parse().unwrap();
+            assert_eq!(nid.to_string(), s);
+            assert_eq!(nid.to_string().parse::<Nid>(), Ok(nid));
+        }
         assert_eq!("o2ib0".parse::<Net>().unwrap().to_string(), "o2ib0");
         assert_eq!("o2ib".parse::<Net>().unwrap(), "o2ib0".parse::<Net>().unwrap());
     }
@@ -316,6 +327,12 @@ mod tests {
         for s in samples {
             let _ = s.parse::<Nid>();
             let _ = s.parse::<Net>();
+        }
+        // Regression (found by the `nid` fuzz target): a name ending in a multi-byte character
+        // used to be split inside that character, and `split_at` panicked.
+        for s in ["é", "o2ibé", "o2ibé5", "\u{fffd}\u{fffd}", "1.2.3.4@é", "1.2.3.4@\u{fffd}7", "0@loé"] {
+            assert!(matches!(s.parse::<Net>(), Err(NidParseError::UnknownNetType { .. })), "{s}");
+            assert!(s.parse::<Nid>().is_err(), "{s}");
         }
         // Unknown LND types still print.
         let n = Nid::from_u64(0x00ff_0001_0102_0304);
