@@ -330,7 +330,8 @@ mod tests {
         }
         // Regression (found by the `nid` fuzz target): a name ending in a multi-byte character
         // used to be split inside that character, and `split_at` panicked.
-        for s in ["é", "o2ibé", "o2ibé5", "\u{fffd}\u{fffd}", "1.2.3.4@é", "1.2.3.4@\u{fffd}7", "0@loé"] {
+        for s in ["é", "o2ibé", "o2ibé5", "\u{fffd}\u{fffd}", "1.2.3.4@é", "1.2.3.4@\u{fffd}7", "0@loé"]
+        {
             assert!(matches!(s.parse::<Net>(), Err(NidParseError::UnknownNetType { .. })), "{s}");
             assert!(s.parse::<Nid>().is_err(), "{s}");
         }
