@@ -117,6 +117,9 @@ impl Server<'_> {
             KIND_REPLY if ev.kind == EventKind::Send => {
                 self.replies.remove(&id);
                 if ev.status.is_err() {
+                    if let Err(e) = ev.status {
+                        eprintln!("lnd-bench server: reply to {} failed: {e}", ev.target);
+                    }
                     self.counters.errors += 1;
                 }
             }
