@@ -1,16 +1,23 @@
 //! `lnd-bench compare`: our figures next to peers measured in the same run, as ratios.
 //!
-//! Peers, each run only if installed: `ucx_perftest` with `UCX_TLS=tcp` and `UCX_TLS=sm,self`
-//! (`ucp_put_bw` at the brw size, `ucp_am_lat` at 8 bytes) and `iperf3` (one TCP stream,
-//! `-l` the brw size). UCX latency tests report one-way latency (half a round trip); our ping
-//! is a round trip, so the table compares our round trip with twice UCX's figure.
+//! Ours: brw write and read at each `--sizes` and `--concurrencies`, ping at 8 B and 4 KiB,
+//! and the small-message rate (8-byte pings, 32 in flight), with the CPU time of both
+//! processes per GB moved. Peers, each run only if installed, one after the other (never
+//! concurrently with ours): `ucx_perftest` with `UCX_TLS=tcp` and `UCX_TLS=sm,self`
+//! (`ucp_put_bw` at each size, `ucp_am_lat` at 8 B and 4 KiB, `ucp_am_bw` at 8 B for the
+//! message rate), `iperf3` (one TCP stream, `-l` the size), and the same-host limit: a
+//! `process_vm_writev` copy loop (see [`crate::copyloop`]). UCX latency tests report one-way
+//! latency (half a round trip); our ping is a round trip, so the table compares our round trip
+//! with twice UCX's figure. The peers' CPU time is `getrusage(RUSAGE_CHILDREN)` around their
+//! run: both processes of the pair.
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::local::{LocalArgs, measure_matrix};
+use crate::cpu;
+use crate::local::{Case, LocalArgs, measure_matrix};
 use crate::node::Fabric;
 use crate::proto::Op;
 use crate::report::{self, Row};
@@ -24,13 +31,16 @@ pub struct CompareArgs {
     /// UDP port of the software fabric.
     #[arg(long, default_value_t = 4791)]
     pub port: u16,
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 3.0)]
+    /// Seconds per measurement of ours (and of the copy loop and iperf3).
+    #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
-    /// brw size.
-    #[arg(long, default_value = "1M", value_parser = crate::parse_size)]
-    pub size: usize,
-    /// brw concurrency.
+    /// brw sizes, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "64K,1M,4M", value_parser = crate::parse_size)]
+    pub sizes: Vec<usize>,
+    /// brw concurrencies, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    pub concurrencies: Vec<usize>,
+    /// The concurrency whose brw figures are set against the peers.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
 }
@@ -66,6 +76,18 @@ fn run_bounded(mut cmd: Command, timeout: Duration) -> Option<String> {
     r
 }
 
+/// A peer tool's server, with its standard output line-buffered (`stdbuf -oL`, when coreutils
+/// has it) so that its "listening" line reaches us through the pipe before it exits.
+fn server_command(program: &str) -> Command {
+    if installed("stdbuf") {
+        let mut c = Command::new("stdbuf");
+        c.args(["-oL", program]);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
 /// Starts a server and waits (at most 10 s) until it prints a line containing `ready`.
 fn spawn_ready(mut cmd: Command, ready: &'static str) -> Option<Background> {
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().ok()?;
@@ -84,12 +106,32 @@ fn spawn_ready(mut cmd: Command, ready: &'static str) -> Option<Background> {
     rx.recv_timeout(Duration::from_secs(10)).ok().map(|()| bg)
 }
 
-/// `Final:` line of ucx_perftest: (p50 latency us, overall bandwidth MiB/s).
-fn ucx(tls: &str, test: &str, size: usize, port: u16) -> Option<(f64, f64)> {
-    let mut server = Command::new("ucx_perftest");
+/// A ucx_perftest result: its `Final:` line and the CPU time of both processes.
+#[derive(Clone, Copy, Debug)]
+struct Ucx {
+    /// Typical (median) latency, µs, one way.
+    lat_us: f64,
+    /// Overall bandwidth, MiB/s.
+    mib_s: f64,
+    /// Overall message rate, per second.
+    rate: f64,
+    /// CPU seconds per GB, server and client together (bandwidth tests).
+    cpu_s_per_gb: Option<f64>,
+}
+
+/// Runs one ucx_perftest pair on loopback.
+fn ucx(tls: &str, test: &str, size: usize, port: u16) -> Option<Ucx> {
+    let cpu_before = cpu::used_us(cpu::Who::Children);
+    let mut server = server_command("ucx_perftest");
     server.env("UCX_TLS", tls).args(["-p", &port.to_string()]);
-    let _srv = spawn_ready(server, "Waiting for connection")?;
-    let iters = if test.ends_with("lat") { "100000" } else { "2000" };
+    let srv = spawn_ready(server, "Waiting for connection")?;
+    let iters: u64 = if test.ends_with("lat") {
+        100_000
+    } else if test == "ucp_am_bw" {
+        1_000_000
+    } else {
+        ((4u64 << 30) / size.max(1) as u64).clamp(1000, 100_000)
+    };
     let mut client = Command::new("ucx_perftest");
     client.env("UCX_TLS", tls).args([
         "127.0.0.1",
@@ -100,20 +142,28 @@ fn ucx(tls: &str, test: &str, size: usize, port: u16) -> Option<(f64, f64)> {
         "-s",
         &size.to_string(),
         "-n",
-        iters,
+        &iters.to_string(),
     ]);
-    let out = run_bounded(client, Duration::from_secs(60))?;
+    let out = run_bounded(client, Duration::from_secs(120))?;
+    drop(srv);
+    let cpu_us = cpu::used_us(cpu::Who::Children).saturating_sub(cpu_before);
     let fin = out.lines().find(|l| l.trim_start().starts_with("Final:"))?;
     let f: Vec<f64> = fin.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-    // iterations, p50 lat, avg lat, overall lat, avg bw, overall bw, avg rate, overall rate
-    Some((*f.get(1)?, *f.get(4)?))
+    // iterations, typical lat, avg lat, overall lat, avg bw, overall bw, avg rate, overall rate
+    Some(Ucx {
+        lat_us: *f.get(1)?,
+        mib_s: *f.get(5)?,
+        rate: *f.get(7)?,
+        cpu_s_per_gb: cpu::secs_per_gb(cpu_us, iters * size as u64),
+    })
 }
 
-/// iperf3, one TCP stream of `len`-byte writes for 3 s: received MiB/s.
-fn iperf3(len: usize, port: u16) -> Option<f64> {
-    let mut server = Command::new("iperf3");
+/// iperf3, one TCP stream of `len`-byte writes: (received MiB/s, CPU s/GB of both processes).
+fn iperf3(len: usize, secs: f64, port: u16) -> Option<(f64, Option<f64>)> {
+    let cpu_before = cpu::used_us(cpu::Who::Children);
+    let mut server = server_command("iperf3");
     server.args(["-s", "-1", "-B", "127.0.0.2", "-p", &port.to_string()]);
-    let _srv = spawn_ready(server, "Server listening")?;
+    let srv = spawn_ready(server, "Server listening")?;
     let mut client = Command::new("iperf3");
     client.args([
         "-c",
@@ -123,30 +173,92 @@ fn iperf3(len: usize, port: u16) -> Option<f64> {
         "-p",
         &port.to_string(),
         "-t",
-        "3",
+        &format!("{}", secs.ceil().max(1.0)),
         "-l",
         &len.to_string(),
         "-J",
     ]);
-    let out = run_bounded(client, Duration::from_secs(30))?;
-    let key = "\"sum_received\"";
-    let at = out.find(key)?;
+    let out = run_bounded(client, Duration::from_secs(60))?;
+    drop(srv);
+    let cpu_us = cpu::used_us(cpu::Who::Children).saturating_sub(cpu_before);
+    let at = out.find("\"sum_received\"")?;
     let rest = &out[at..];
-    let b = rest.find("\"bits_per_second\"")?;
-    let num: String = rest[b + 17..]
-        .chars()
-        .skip_while(|c| !c.is_ascii_digit())
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == 'e' || *c == '+')
-        .collect();
-    num.parse::<f64>().ok().map(|bps| bps / 8.0 / f64::from(1 << 20))
+    let bps = json_number(rest, "\"bits_per_second\"")?;
+    let bytes = json_number(rest, "\"bytes\"")?;
+    Some((bps / 8.0 / f64::from(1 << 20), cpu::secs_per_gb(cpu_us, bytes as u64)))
 }
 
-fn row(rows: &[Row], op: Op) -> Option<&Row> {
-    rows.iter().find(|r| r.run.op == op)
+/// The number after `key` in a JSON text.
+fn json_number(text: &str, key: &str) -> Option<f64> {
+    let at = text.find(key)? + key.len();
+    let num: String = text[at..]
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-'))
+        .collect();
+    num.parse().ok()
+}
+
+fn find(rows: &[Row], op: Op, size: usize, concurrency: usize) -> Option<&Row> {
+    rows.iter().find(|r| r.run.op == op && r.run.size == size && r.run.concurrency == concurrency)
+}
+
+/// Our measurements, in the order they run.
+fn our_cases(args: &CompareArgs) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for op in [Op::BrwWrite, Op::BrwRead] {
+        for &size in &args.sizes {
+            for &concurrency in &args.concurrencies {
+                cases.push(Case { op, size, concurrency });
+            }
+        }
+    }
+    cases.push(Case { op: Op::Ping, size: 8, concurrency: 1 });
+    cases.push(Case { op: Op::Ping, size: 4096, concurrency: 1 });
+    cases.push(Case { op: Op::Ping, size: 8, concurrency: 32 });
+    cases
+}
+
+/// One line of the peers table.
+struct Line {
+    what: String,
+    peer: Option<f64>,
+    ours: f64,
+    unit: &'static str,
+    higher_better: bool,
+    peer_cpu: Option<f64>,
+    our_cpu: Option<f64>,
+}
+
+fn print_line(l: &Line) {
+    let cpu = |c: Option<f64>| c.map_or("-".to_owned(), |c| format!("{c:.2}"));
+    let (peer, ratio) = match l.peer {
+        Some(p) if p > 0.0 => {
+            let r = if l.higher_better { l.ours / p } else { p / l.ours.max(1e-9) };
+            (format!("{p:.1}"), format!("{r:.2}x"))
+        }
+        _ => ("not run".to_owned(), "-".to_owned()),
+    };
+    println!(
+        "{:<50} {:>10} {:>10.1} {:<6} {:>7} {:>9} {:>9}",
+        l.what,
+        peer,
+        l.ours,
+        l.unit,
+        ratio,
+        cpu(l.peer_cpu),
+        cpu(l.our_cpu)
+    );
 }
 
 /// Runs the comparison and prints it.
 pub fn run(args: &CompareArgs) -> Result<(), String> {
+    if args.sizes.is_empty() || args.concurrencies.is_empty() {
+        return Err("--sizes and --concurrencies need at least one value".to_owned());
+    }
+    if let Some(&big) = args.sizes.iter().find(|&&s| s > 64 << 20) {
+        return Err(format!("--sizes: {big} bytes is more than 64M"));
+    }
     let local = LocalArgs {
         tunables: args.tunables.clone(),
         fabric: Fabric::Soft,
@@ -157,41 +269,106 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         client: "127.0.0.2@o2ib".parse().map_err(|e| format!("{e}"))?,
         json: false,
     };
-    let matrix = [(Op::BrwWrite, args.size), (Op::BrwRead, args.size), (Op::Ping, 8)];
-    let (rows, ok) = measure_matrix(&local, &matrix)?;
+    let (rows, ok) = measure_matrix(&local, &our_cases(args))?;
     print!("{}", report::table(&rows));
     if !ok {
         return Err("our own runs failed verification; no comparison".to_owned());
     }
-    let write = row(&rows, Op::BrwWrite).map_or(0.0, |r| r.run.mib_s());
-    let read = row(&rows, Op::BrwRead).map_or(0.0, |r| r.run.mib_s());
-    let ping = row(&rows, Op::Ping).map_or(0.0, |r| r.run.lat_us(0.5));
     let base = 20_000 + (crate::seed() % 20_000) as u16;
-    println!();
-    println!("{:<44} {:>14} {:>14} {:>8}", "peer (same run)", "peer", "ours", "ratio");
-    let line = |what: &str, peer: Option<f64>, ours: f64, unit: &str, higher_better: bool| match peer {
-        Some(p) if p > 0.0 => {
-            let ratio = if higher_better { ours / p } else { p / ours.max(1e-9) };
-            println!("{what:<44} {:>10.1} {unit:<3} {:>10.1} {unit:<3} {:>7.2}x", p, ours, ratio);
-        }
-        _ => println!("{what:<44} {:>14} {:>10.1} {unit:<3} {:>8}", "not installed", ours, "-"),
-    };
-    let size = report::size_name(args.size);
     let have_ucx = installed("ucx_perftest");
-    for (i, tls) in ["tcp", "sm,self"].iter().enumerate() {
-        let bw =
-            if have_ucx { ucx(tls, "ucp_put_bw", args.size, base + 2 * i as u16).map(|r| r.1) } else { None };
-        line(&format!("UCX_TLS={tls} ucp_put_bw {size} vs brw write"), bw, write, "MiB/s", true);
-        line(&format!("UCX_TLS={tls} ucp_put_bw {size} vs brw read"), bw, read, "MiB/s", true);
-        let lat = if have_ucx {
-            ucx(tls, "ucp_am_lat", 8, base + 2 * i as u16 + 1).map(|r| 2.0 * r.0)
-        } else {
-            None
+    let have_iperf = installed("iperf3");
+    let duration = Duration::from_secs_f64(args.duration.max(0.1));
+    let c = args.concurrency;
+    println!();
+    println!(
+        "{:<50} {:>10} {:>10} {:<6} {:>7} {:>9} {:>9}",
+        "ours vs peer (same run)", "peer", "ours", "unit", "ratio", "peer CPU", "our CPU"
+    );
+    let mut port = base;
+    let mut next_port = || {
+        port += 1;
+        port
+    };
+    for &size in &args.sizes {
+        let sz = report::size_name(size);
+        let ours = |op| find(&rows, op, size, c);
+        let mib = |r: Option<&Row>| r.map_or(0.0, |r| r.run.mib_s());
+        let ours_cpu = |r: Option<&Row>| r.and_then(Row::cpu_s_per_gb);
+        let (w, r) = (ours(Op::BrwWrite), ours(Op::BrwRead));
+        let copy = match crate::copyloop::measure(size, duration) {
+            Ok(x) => Some(x),
+            Err(e) => {
+                eprintln!("lnd-bench compare: copy loop at {sz}: {e}");
+                None
+            }
         };
-        line(&format!("UCX_TLS={tls} ucp_am_lat 8B x2 vs ping p50"), lat, ping, "us", false);
+        for (name, row) in [("write", w), ("read", r)] {
+            print_line(&Line {
+                what: format!("brw {name} {sz} c{c} vs process_vm_writev loop"),
+                peer: copy.map(|x| x.mib_s),
+                ours: mib(row),
+                unit: "MiB/s",
+                higher_better: true,
+                peer_cpu: copy.and_then(|x| x.cpu_s_per_gb),
+                our_cpu: ours_cpu(row),
+            });
+        }
+        for tls in ["sm,self", "tcp"] {
+            let bw = if have_ucx { ucx(tls, "ucp_put_bw", size, next_port()) } else { None };
+            for (name, row) in [("write", w), ("read", r)] {
+                print_line(&Line {
+                    what: format!("brw {name} {sz} c{c} vs UCX_TLS={tls} ucp_put_bw"),
+                    peer: bw.map(|x| x.mib_s),
+                    ours: mib(row),
+                    unit: "MiB/s",
+                    higher_better: true,
+                    peer_cpu: bw.and_then(|x| x.cpu_s_per_gb),
+                    our_cpu: ours_cpu(row),
+                });
+            }
+        }
+        let tcp = if have_iperf { iperf3(size, args.duration, next_port()) } else { None };
+        print_line(&Line {
+            what: format!("brw write {sz} c{c} vs iperf3 TCP -l {sz}"),
+            peer: tcp.map(|x| x.0),
+            ours: mib(w),
+            unit: "MiB/s",
+            higher_better: true,
+            peer_cpu: tcp.and_then(|x| x.1),
+            our_cpu: ours_cpu(w),
+        });
     }
-    let tcp = if installed("iperf3") { iperf3(args.size, base + 10) } else { None };
-    line(&format!("iperf3 TCP -l {size} vs brw write"), tcp, write, "MiB/s", true);
-    println!("\nratio: ours/peer for bandwidth, peer/ours for latency (above 1 = ours better)");
+    for (size, name) in [(8usize, "8B"), (4096, "4K")] {
+        let ping = find(&rows, Op::Ping, size, 1);
+        for tls in ["sm,self", "tcp"] {
+            let lat = if have_ucx { ucx(tls, "ucp_am_lat", size, next_port()) } else { None };
+            print_line(&Line {
+                what: format!("ping {name} p50 vs UCX_TLS={tls} ucp_am_lat x2"),
+                peer: lat.map(|x| 2.0 * x.lat_us),
+                ours: ping.map_or(0.0, |r| r.run.lat_us(0.5)),
+                unit: "us",
+                higher_better: false,
+                peer_cpu: None,
+                our_cpu: None,
+            });
+        }
+    }
+    let rate = find(&rows, Op::Ping, 8, 32).map_or(0.0, |r| 2.0 * r.run.rpc_s());
+    for tls in ["sm,self", "tcp"] {
+        let bw = if have_ucx { ucx(tls, "ucp_am_bw", 8, next_port()) } else { None };
+        print_line(&Line {
+            what: format!("8B msg/s (ping c32 x2) vs UCX_TLS={tls} ucp_am_bw"),
+            peer: bw.map(|x| x.rate),
+            ours: rate,
+            unit: "msg/s",
+            higher_better: true,
+            peer_cpu: None,
+            our_cpu: None,
+        });
+    }
+    println!(
+        "\nratio: ours/peer for bandwidth and rate, peer/ours for latency (above 1 = ours better); \
+         CPU: seconds per GB, both processes (ours: client + server; p99 of ours in the table above)"
+    );
     Ok(())
 }

@@ -122,7 +122,18 @@ impl Drop for ServerProcess {
     }
 }
 
-/// The default matrix: (op, size).
+/// One measurement of a matrix: what, how big, how many in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Case {
+    /// The test.
+    pub op: Op,
+    /// Bytes per RPC (brw) or per ping.
+    pub size: usize,
+    /// RPCs in flight.
+    pub concurrency: usize,
+}
+
+/// The default matrix: (op, size); brw runs at `--concurrency`, ping at 1.
 pub const MATRIX: [(Op, usize); 7] = [
     (Op::BrwWrite, 4 << 10),
     (Op::BrwWrite, 64 << 10),
@@ -135,7 +146,11 @@ pub const MATRIX: [(Op, usize); 7] = [
 
 /// Runs the local matrix.
 pub fn run(args: &LocalArgs) -> Result<(), String> {
-    let (rows, ok) = measure_matrix(args, &MATRIX)?;
+    let cases: Vec<Case> = MATRIX
+        .iter()
+        .map(|&(op, size)| Case { op, size, concurrency: if op == Op::Ping { 1 } else { args.concurrency } })
+        .collect();
+    let (rows, ok) = measure_matrix(args, &cases)?;
     if args.json {
         print!("{}", report::json(&rows, ok));
     } else {
@@ -156,7 +171,7 @@ pub fn run(args: &LocalArgs) -> Result<(), String> {
 }
 
 /// Starts the server process and the client node and runs `matrix`; (rows, all verified).
-pub fn measure_matrix(args: &LocalArgs, matrix: &[(Op, usize)]) -> Result<(Vec<Row>, bool), String> {
+pub fn measure_matrix(args: &LocalArgs, matrix: &[Case]) -> Result<(Vec<Row>, bool), String> {
     let server = ServerProcess::start(args.server, args.tunables.as_deref(), args.fabric, args.port)?;
     let node = Node::start(&NodeOptions {
         nid: args.client,
@@ -166,11 +181,11 @@ pub fn measure_matrix(args: &LocalArgs, matrix: &[(Op, usize)]) -> Result<(Vec<R
     })?;
     let mut rows = Vec::new();
     let mut ok = true;
-    for &(op, size) in matrix {
+    for &Case { op, size, concurrency } in matrix {
         let spec = RunSpec {
             op,
             size,
-            concurrency: if op == Op::Ping { 1 } else { args.concurrency },
+            concurrency: concurrency.max(1),
             duration: Some(Duration::from_secs_f64(args.duration)),
             count: None,
             check: Check::Full,

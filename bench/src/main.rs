@@ -12,6 +12,8 @@
 
 mod client;
 mod compare;
+mod copyloop;
+mod cpu;
 mod local;
 mod node;
 mod proto;
@@ -114,6 +116,13 @@ enum Cmd {
     Local(local::LocalArgs),
     /// lnd-bench next to ucx_perftest and iperf3 (when installed), with ratios.
     Compare(compare::CompareArgs),
+    /// The copy loop's target process (started by `compare`).
+    #[command(hide = true)]
+    CopyTarget {
+        /// Bytes of the buffer to hold.
+        #[arg(long, value_parser = parse_size)]
+        size: usize,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -189,7 +198,9 @@ pub fn measure(node: &Node, spec: &RunSpec, label: &str) -> Row {
     }
     let before = node.lnd_stats();
     let server_before = client::fetch_stats(node, spec.server);
+    let cpu_before = cpu::used_us(cpu::Who::Process);
     let run = client::run(node, spec);
+    let client_cpu_us = cpu::used_us(cpu::Who::Process).saturating_sub(cpu_before);
     let after = node.lnd_stats();
     let server_after = client::fetch_stats(node, spec.server);
     let delta = |k: &str| match (&server_before, &server_after) {
@@ -202,6 +213,8 @@ pub fn measure(node: &Node, spec: &RunSpec, label: &str) -> Row {
         credit_stalls: after.engine.credit_stalls.saturating_sub(before.engine.credit_stalls)
             + delta("credit_stalls"),
         noops: after.engine.noops.saturating_sub(before.engine.noops) + delta("noops"),
+        client_cpu_us,
+        server_cpu_us: delta("cpu_us"),
     };
     Row { run, counters }
 }
@@ -311,6 +324,7 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Cmd::Local(args) => local::run(&args),
         Cmd::Compare(args) => compare::run(&args),
+        Cmd::CopyTarget { size } => copyloop::target(size),
     }
 }
 

@@ -14,6 +14,17 @@ pub struct Counters {
     pub credit_stalls: u64,
     /// NOOPs sent.
     pub noops: u64,
+    /// CPU time (user + system) of the client process during the run, in microseconds.
+    pub client_cpu_us: u64,
+    /// CPU time of the server process during the run (from its stats), in microseconds.
+    pub server_cpu_us: u64,
+}
+
+impl Row {
+    /// CPU seconds per GB (10^9 bytes) moved, both processes together; `None` for pings.
+    pub fn cpu_s_per_gb(&self) -> Option<f64> {
+        crate::cpu::secs_per_gb(self.counters.client_cpu_us + self.counters.server_cpu_us, self.run.bytes)
+    }
 }
 
 /// One row: a run and the counters it moved.
@@ -51,7 +62,7 @@ pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<10} {:>5} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7} {:>7} {:>6}",
+        "{:<10} {:>5} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7} {:>7} {:>6} {:>8}",
         "test",
         "size",
         "conc",
@@ -64,13 +75,14 @@ pub fn table(rows: &[Row]) -> String {
         "errors",
         "retrans",
         "stalls",
-        "noops"
+        "noops",
+        "CPU s/GB"
     );
     for r in rows {
         let x = &r.run;
         let _ = writeln!(
             out,
-            "{:<10} {:>5} {:>4} {:>10.1} {:>9.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>7} {:>7} {:>6}",
+            "{:<10} {:>5} {:>4} {:>10.1} {:>9.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>7} {:>7} {:>6} {:>8}",
             op_name(x.op),
             size_name(x.size),
             x.concurrency,
@@ -83,7 +95,8 @@ pub fn table(rows: &[Row]) -> String {
             x.errors + x.corrupt,
             r.counters.retransmits,
             r.counters.credit_stalls,
-            r.counters.noops
+            r.counters.noops,
+            r.cpu_s_per_gb().map_or("-".to_owned(), |c| format!("{c:.2}"))
         );
     }
     out
@@ -115,7 +128,8 @@ pub fn json(rows: &[Row], verified: bool) -> String {
             "    {{\"op\": {}, \"size\": {}, \"concurrency\": {}, \"rpcs\": {}, \"bytes\": {}, \"seconds\": {:.6}, \
              \"mib_s\": {:.3}, \"rpc_s\": {:.3}, \"latency_us\": {{\"p50\": {:.3}, \"p99\": {:.3}, \"p99_9\": {:.3}, \"max\": {:.3}}}, \
              \"errors\": {}, \"corrupt\": {}, \"first_error\": {}, \
-             \"stats\": {{\"retransmits\": {}, \"credit_stalls\": {}, \"noops\": {}}}}}",
+             \"stats\": {{\"retransmits\": {}, \"credit_stalls\": {}, \"noops\": {}}}, \
+             \"cpu\": {{\"client_s\": {:.3}, \"server_s\": {:.3}, \"s_per_gb\": {}}}}}",
             json_str(op_name(x.op)),
             x.size,
             x.concurrency,
@@ -133,7 +147,10 @@ pub fn json(rows: &[Row], verified: bool) -> String {
             x.first_error.as_deref().map_or("null".to_owned(), json_str),
             r.counters.retransmits,
             r.counters.credit_stalls,
-            r.counters.noops
+            r.counters.noops,
+            r.counters.client_cpu_us as f64 / 1e6,
+            r.counters.server_cpu_us as f64 / 1e6,
+            r.cpu_s_per_gb().map_or("null".to_owned(), |c| format!("{c:.4}"))
         );
         out.push_str(if i + 1 < rows.len() { ",\n" } else { "\n" });
     }

@@ -250,7 +250,7 @@ impl Server<'_> {
 fn stats_text(node: &Node, c: &ServerCounters) -> String {
     let s = node.lnd_stats();
     format!(
-        "rpcs={}\nerrors={}\ncorrupt={}\nretransmits={}\ncredit_stalls={}\nnoops={}\ntx_msgs={}\nrx_msgs={}\n",
+        "rpcs={}\nerrors={}\ncorrupt={}\nretransmits={}\ncredit_stalls={}\nnoops={}\ntx_msgs={}\nrx_msgs={}\ncpu_us={}\n",
         c.rpcs,
         c.errors,
         c.corrupt,
@@ -258,6 +258,7 @@ fn stats_text(node: &Node, c: &ServerCounters) -> String {
         s.engine.credit_stalls,
         s.engine.noops,
         s.engine.tx_msgs,
-        s.engine.rx_msgs
+        s.engine.rx_msgs,
+        crate::cpu::used_us(crate::cpu::Who::Process)
     )
 }
