@@ -5,16 +5,23 @@
 //! stamps one of its buffers and PUTs it into the client's; then it replies. Bulk buffers are
 //! pooled by size so they are registered once. One thread drives everything from one event
 //! queue; LNet calls never block.
+//!
+//! Pings take a shorter road: the request buffers' events go to a callback, which runs on the
+//! LND's scheduler thread as the request arrives and answers a ping there and then (as kernel
+//! lnet_selftest answers in its event handler), so a ping costs no hop to this thread and back.
+//! The callback then forwards the event here for the bookkeeping (reposting the buffer,
+//! counting); every other request is handled here as before. The callback must not ask the
+//! LND anything synchronously (stats), because the LND's thread is the one running it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use lnet_shim::buffer::Buffer;
-use lnet_shim::event::{Event, EventKind, EventQueue};
+use lnet_shim::event::{Event, EventKind, EventQueue, EventSink};
 use lnet_shim::matching::{ANY_PROCESS, MatchEntry, MdOptions, Threshold, Unlink};
 use lnet_shim::nid::ProcessId;
-use lnet_shim::{AckReq, Md};
+use lnet_shim::{AckReq, Lnet, Md};
 
 use crate::node::Node;
 use crate::proto::{
@@ -27,6 +34,9 @@ const REQUEST_BUFFERS: u64 = 512;
 const KIND_REQUEST: u64 = 1;
 const KIND_BULK: u64 = 2;
 const KIND_REPLY: u64 = 3;
+/// A ping request already answered by the callback (or whose answer failed to start).
+const KIND_PINGED: u64 = 4;
+const KIND_PING_FAILED: u64 = 5;
 
 fn tag(kind: u64, id: u64) -> u64 {
     (kind << 56) | (id & ((1 << 56) - 1))
@@ -91,11 +101,27 @@ pub fn serve(node: &Node, stop: impl Fn() -> bool) -> Result<ServerCounters, Str
 impl Server<'_> {
     fn post_request(&self, i: u64) -> Result<(), String> {
         let buf = self.requests.get(i as usize).ok_or("request buffer index")?.clone();
+        let sink = {
+            let (lnet, eq, buf) = (self.node.lnet.clone(), self.eq.clone(), buf.clone());
+            EventSink::callback(move |ev: &Event| {
+                let mut forward = *ev;
+                if ev.kind == EventKind::Put && ev.status.is_ok() {
+                    let len = (ev.mlength as usize).min(REQUEST_BUF);
+                    let bytes = buf.to_vec(0, len).unwrap_or_default();
+                    if let Some(req) = Request::decode(&bytes).filter(|r| r.op == Op::Ping) {
+                        let payload = bytes.get(HDR..).unwrap_or_default();
+                        let ok = send_reply(&lnet, &eq, 0, ev.initiator, req.rpc, 0, payload).is_ok();
+                        forward.user_ptr = tag(if ok { KIND_PINGED } else { KIND_PING_FAILED }, i);
+                    }
+                }
+                eq.push(forward);
+            })
+        };
         let md = Md::contiguous(buf)
             .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
             .with_threshold(Threshold::Count(1))
             .with_user_ptr(tag(KIND_REQUEST, i))
-            .with_events(self.eq.clone());
+            .with_events(sink);
         let me = MatchEntry::new(ANY_PROCESS, 0).ignoring(u64::MAX).with_unlink(Unlink::Auto);
         self.node.lnet.attach(REQUEST_PORTAL, me, md, Unlink::Auto).map_err(|e| e.to_string())?;
         Ok(())
@@ -113,6 +139,14 @@ impl Server<'_> {
         let (kind, id) = untag(ev.user_ptr);
         match kind {
             KIND_REQUEST if ev.kind == EventKind::Put => self.request(ev, id),
+            KIND_PINGED | KIND_PING_FAILED => {
+                let _ = self.post_request(id);
+                if kind == KIND_PINGED {
+                    self.counters.rpcs += 1;
+                } else {
+                    self.counters.errors += 1;
+                }
+            }
             KIND_BULK => self.bulk_event(ev, id),
             KIND_REPLY if ev.kind == EventKind::Send => {
                 self.replies.remove(&id);
@@ -222,28 +256,41 @@ impl Server<'_> {
     }
 
     fn reply(&mut self, client: ProcessId, rpc: u64, status: i32, payload: &[u8]) {
-        let hdr = Reply { rpc, status, len: payload.len() as u32 }.encode();
-        let mut bytes = hdr.to_vec();
-        bytes.extend_from_slice(payload);
-        let buf = Arc::new(Buffer::from_slice(&bytes));
         let id = self.next;
         self.next += 1;
-        let md = Md::contiguous(buf.clone())
-            .with_threshold(Threshold::Count(1))
-            .with_user_ptr(tag(KIND_REPLY, id))
-            .with_events(self.eq.clone());
-        let lnet = &self.node.lnet;
-        match lnet
-            .md_bind(md, Unlink::Auto)
-            .and_then(|h| lnet.put(h, AckReq::NoAck, client, REPLY_PORTAL, rpc, 0, 0))
-        {
-            Ok(()) => {
+        match send_reply(&self.node.lnet, &self.eq, id, client, rpc, status, payload) {
+            Ok(buf) => {
                 self.replies.insert(id, buf);
                 self.counters.rpcs += 1;
             }
-            Err(_) => self.counters.errors += 1,
+            Err(()) => self.counters.errors += 1,
         }
     }
+}
+
+/// Starts the reply to RPC `rpc`: a small PUT of the reply header and `payload` to the
+/// client's reply portal; its SEND event goes to `eq` tagged with `id`. Returns the buffer.
+fn send_reply(
+    lnet: &Lnet,
+    eq: &EventQueue,
+    id: u64,
+    client: ProcessId,
+    rpc: u64,
+    status: i32,
+    payload: &[u8],
+) -> Result<Arc<Buffer>, ()> {
+    let hdr = Reply { rpc, status, len: payload.len() as u32 }.encode();
+    let mut bytes = hdr.to_vec();
+    bytes.extend_from_slice(payload);
+    let buf = Arc::new(Buffer::from_slice(&bytes));
+    let md = Md::contiguous(buf.clone())
+        .with_threshold(Threshold::Count(1))
+        .with_user_ptr(tag(KIND_REPLY, id))
+        .with_events(eq.clone());
+    lnet.md_bind(md, Unlink::Auto)
+        .and_then(|h| lnet.put(h, AckReq::NoAck, client, REPLY_PORTAL, rpc, 0, 0))
+        .map(|()| buf)
+        .map_err(|_| ())
 }
 
 /// The server's counters as `key=value` lines (the STATS reply).

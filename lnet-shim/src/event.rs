@@ -306,8 +306,10 @@ impl EventQueue {
     }
 }
 
-/// An event handler (LNet's `lnet_handler_t`): called in the delivering thread, so it must be
-/// quick, must not block and must not call back into LNet.
+/// An event handler (LNet's `lnet_handler_t`): called in the delivering thread (often an LND's
+/// scheduler thread), so it must be quick and must not block. It may call back into LNet
+/// (put, get, attach, unlink: they never block), but must not shut LNet down, drop the last
+/// [`Lnet`](crate::Lnet) handle, or wait for anything an LND thread has to answer.
 pub type EventCallback = Arc<dyn Fn(&Event) + Send + Sync>;
 
 /// Where an MD's events go.
