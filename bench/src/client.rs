@@ -7,17 +7,19 @@
 //! and the bulk transfer have both been seen; its latency (request to completion) goes into an
 //! `hdrhistogram`. brw read data is checked on arrival; brw write data is checked by the server.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use lnd::clock::Clock;
 use lnd::time::Instant;
 use lnet_shim::buffer::Buffer;
-use lnet_shim::event::{Event, EventKind, EventQueue};
+use lnet_shim::event::{Event, EventKind, EventQueue, EventSink};
 use lnet_shim::matching::{MatchEntry, MdOptions, Threshold, Unlink};
 use lnet_shim::nid::ProcessId;
-use lnet_shim::{AckReq, Md};
+use lnet_shim::{AckReq, Lnet, Md};
 
 use crate::node::Node;
 use crate::proto::{
@@ -110,13 +112,201 @@ fn tag(kind: u64, slot: usize) -> u64 {
     (kind << 56) | slot as u64
 }
 
+/// The state of one run, shared by the thread that started it and the event callback.
+struct Run {
+    spec: RunSpec,
+    lnet: Lnet,
+    sink: EventSink,
+    clock: Clock,
+    slots: Vec<Slot>,
+    result: RunResult,
+    next_rpc: u64,
+    issued: u64,
+    end: Option<Instant>,
+    stopping: bool,
+    ping_payload: Vec<u8>,
+}
+
+impl Run {
+    fn more(&self, now: Instant) -> bool {
+        self.spec.count.is_none_or(|c| self.issued < c) && self.end.is_none_or(|e| now < e)
+    }
+
+    fn live(&self) -> usize {
+        self.slots.iter().filter(|s| s.live).count()
+    }
+
+    fn start(&mut self, slot: usize, now: Instant) {
+        let Run { spec, lnet, sink, slots, result, next_rpc, ping_payload, .. } = self;
+        let Some(s) = slots.get_mut(slot) else { return };
+        start_rpc(lnet, spec, sink, s, slot, next_rpc, ping_payload, now, result);
+        self.issued += 1;
+    }
+
+    /// Handles one event; starts the slot's next RPC when its last one finished.
+    fn handle(&mut self, ev: &Event) {
+        let slot = (ev.user_ptr & 0xffff_ffff) as usize;
+        let kind = ev.user_ptr >> 56;
+        let Run { spec, slots, result, .. } = self;
+        let Some(s) = slots.get_mut(slot) else { return };
+        if !s.live {
+            return;
+        }
+        let before = result.rpcs;
+        if !on_event(s, kind, ev, spec, result) {
+            return;
+        }
+        s.live = false;
+        let now = self.clock.now();
+        if self.result.rpcs > before {
+            record(&mut self.result, self.slots[slot].started, now);
+        }
+        if !self.stopping && self.more(now) && self.result.first_error.is_none() {
+            self.start(slot, now);
+        }
+    }
+}
+
+/// A run's events meet its state here. Whoever holds `run` handles the inbox; a thread that
+/// finds it held leaves its event in the inbox, and the holder looks again after letting go,
+/// so no event waits for the next one (and a callback never blocks on the lock, even when LNet
+/// delivers an event synchronously to the thread that holds it).
+struct Shared {
+    run: Mutex<Run>,
+    inbox: Mutex<VecDeque<Event>>,
+    wake: Condvar,
+    finished: AtomicBool,
+}
+
+impl Shared {
+    /// Handles every event in the inbox unless another thread holds the run (it will).
+    fn drain(&self) {
+        loop {
+            let mut run = match self.run.try_lock() {
+                Ok(g) => g,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            loop {
+                let next = self.inbox.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
+                let Some(ev) = next else { break };
+                run.handle(&ev);
+            }
+            let finished = run.live() == 0;
+            drop(run);
+            if finished {
+                self.finished.store(true, Ordering::SeqCst);
+                self.wake.notify_all();
+            }
+            if self.inbox.lock().unwrap_or_else(PoisonError::into_inner).is_empty() {
+                return;
+            }
+        }
+    }
+
+    fn lock_run(&self) -> MutexGuard<'_, Run> {
+        self.run.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// Runs `spec` against its server.
+///
+/// Pings are driven from the event callback, on the LND's scheduler thread: the reply's event
+/// records the round trip and sends the next ping there and then, with no hop through this
+/// thread (a ping's latency is the LND's, not the OS scheduler's). brw RPCs are handled here,
+/// so that checking the data does not hold up the LND.
 pub fn run(node: &Node, spec: &RunSpec) -> RunResult {
     let clock = Clock::new();
-    let eq = EventQueue::new(1 << 16);
+    let inline = spec.op == Op::Ping;
+    let shared: Arc<Shared> = Arc::new_cyclic(|me: &Weak<Shared>| {
+        let me = me.clone();
+        let sink = EventSink::callback(move |ev: &Event| {
+            let Some(shared) = me.upgrade() else { return };
+            shared.inbox.lock().unwrap_or_else(PoisonError::into_inner).push_back(*ev);
+            if inline {
+                shared.drain();
+            } else {
+                shared.wake.notify_one();
+            }
+        });
+        Shared {
+            run: Mutex::new(new_run(node, spec, sink, clock)),
+            inbox: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            finished: AtomicBool::new(false),
+        }
+    });
+    let t0 = clock.now();
+    {
+        let mut run = shared.lock_run();
+        run.end = spec.duration.map(|d| t0 + d);
+        for i in 0..run.slots.len() {
+            if run.more(clock.now()) {
+                run.start(i, clock.now());
+            }
+        }
+    }
+    shared.drain();
+    let mut last_progress = t0;
+    let mut last_rpcs = 0u64;
+    let mut last_bytes = 0u64;
+    loop {
+        {
+            let inbox = shared.inbox.lock().unwrap_or_else(PoisonError::into_inner);
+            let _ = shared
+                .wake
+                .wait_timeout_while(inbox, Duration::from_millis(50), |q| {
+                    q.is_empty() && !shared.finished.load(Ordering::SeqCst)
+                })
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        shared.drain();
+        let now = clock.now();
+        let mut run = shared.lock_run();
+        if run.live() == 0 {
+            break;
+        }
+        if !run.stopping && !run.more(now) {
+            run.stopping = true;
+        }
+        // A stuck RPC fails the run rather than hanging it.
+        let timeout = spec.rpc_timeout;
+        if let Some(s) =
+            run.slots.iter_mut().find(|s| s.live && now.saturating_duration_since(s.started) > timeout)
+        {
+            // Its buffers stay posted until LNet shuts down; late events are ignored.
+            s.live = false;
+            run.stopping = true;
+            fail(&mut run.result, format!("RPC timed out after {timeout:?} (is the server running?)"));
+            continue;
+        }
+        if spec.progress && now.saturating_duration_since(last_progress) >= Duration::from_secs(1) {
+            let dt = now.saturating_duration_since(last_progress).as_secs_f64();
+            let r = &run.result;
+            eprintln!(
+                "  {:>5.1}s  {:>9.1} MiB/s  {:>9.0} RPC/s  in flight {:>3}  errors {}",
+                now.saturating_duration_since(t0).as_secs_f64(),
+                (r.bytes - last_bytes) as f64 / f64::from(1 << 20) / dt,
+                (r.rpcs - last_rpcs) as f64 / dt,
+                run.live(),
+                r.errors + r.corrupt
+            );
+            last_progress = now;
+            last_rpcs = r.rpcs;
+            last_bytes = r.bytes;
+        }
+    }
+    let mut run = shared.lock_run();
+    // Stop the callbacks from starting anything more (late events of timed-out RPCs).
+    run.stopping = true;
+    run.result.secs = clock.now().saturating_duration_since(t0).as_secs_f64();
+    run.result.clone()
+}
+
+fn new_run(node: &Node, spec: &RunSpec, sink: EventSink, clock: Clock) -> Run {
     let bulk_len = if spec.op == Op::Ping || spec.op == Op::Stats { 0 } else { spec.size };
     let ping_len = if spec.op == Op::Ping { spec.size.min(MAX_PING) } else { 0 };
-    let mut slots: Vec<Slot> = (0..spec.concurrency.max(1))
+    let slots = (0..spec.concurrency.max(1))
         .map(|_| Slot {
             bulk: Arc::new(Buffer::new(bulk_len)),
             request: Arc::new(Buffer::new(HDR + ping_len)),
@@ -130,7 +320,7 @@ pub fn run(node: &Node, spec: &RunSpec) -> RunResult {
             live: false,
         })
         .collect();
-    let mut result = RunResult {
+    let result = RunResult {
         op: spec.op,
         size: spec.size,
         concurrency: spec.concurrency,
@@ -144,83 +334,19 @@ pub fn run(node: &Node, spec: &RunSpec) -> RunResult {
         first_error: None,
     };
     let salt = crate::seed();
-    let mut next_rpc = (salt & 0xffff) << 40 | 1;
-    let t0 = clock.now();
-    let end = spec.duration.map(|d| t0 + d);
-    let mut issued = 0u64;
-    let mut last_progress = t0;
-    let mut last_rpcs = 0u64;
-    let mut last_bytes = 0u64;
-    let mut stopping = false;
-    let ping_payload: Vec<u8> = (0..ping_len).map(|i| (i as u8) ^ 0x5a).collect();
-
-    let more = |issued: u64, now: Instant| -> bool {
-        spec.count.is_none_or(|c| issued < c) && end.is_none_or(|e| now < e)
-    };
-    for (i, s) in slots.iter_mut().enumerate() {
-        if more(issued, clock.now()) {
-            start_rpc(node, spec, &eq, s, i, &mut next_rpc, &ping_payload, clock.now(), &mut result);
-            issued += 1;
-        }
+    Run {
+        spec: spec.clone(),
+        lnet: node.lnet.clone(),
+        sink,
+        clock,
+        slots,
+        result,
+        next_rpc: (salt & 0xffff) << 40 | 1,
+        issued: 0,
+        end: None,
+        stopping: false,
+        ping_payload: (0..ping_len).map(|i| (i as u8) ^ 0x5a).collect(),
     }
-    loop {
-        let now = clock.now();
-        let live = slots.iter().filter(|s| s.live).count();
-        if live == 0 {
-            break;
-        }
-        if !stopping && !more(issued, now) {
-            stopping = true;
-        }
-        // A stuck RPC fails the run rather than hanging it.
-        if let Some((i, _)) = slots
-            .iter()
-            .enumerate()
-            .find(|(_, s)| s.live && now.saturating_duration_since(s.started) > spec.rpc_timeout)
-        {
-            fail(&mut result, format!("RPC timed out after {:?} (is the server running?)", spec.rpc_timeout));
-            // Its buffers stay posted until LNet shuts down; late events are ignored.
-            slots[i].live = false;
-            stopping = true;
-            continue;
-        }
-        if spec.progress && now.saturating_duration_since(last_progress) >= Duration::from_secs(1) {
-            let dt = now.saturating_duration_since(last_progress).as_secs_f64();
-            eprintln!(
-                "  {:>5.1}s  {:>9.1} MiB/s  {:>9.0} RPC/s  in flight {:>3}  errors {}",
-                now.saturating_duration_since(t0).as_secs_f64(),
-                (result.bytes - last_bytes) as f64 / f64::from(1 << 20) / dt,
-                (result.rpcs - last_rpcs) as f64 / dt,
-                live,
-                result.errors + result.corrupt
-            );
-            last_progress = now;
-            last_rpcs = result.rpcs;
-            last_bytes = result.bytes;
-        }
-        let Some(ev) = eq.wait(Duration::from_millis(50)) else { continue };
-        let slot = (ev.user_ptr & 0xffff_ffff) as usize;
-        let kind = ev.user_ptr >> 56;
-        let Some(s) = slots.get_mut(slot) else { continue };
-        if !s.live {
-            continue;
-        }
-        let before = result.rpcs;
-        let done = on_event(s, kind, &ev, spec, &mut result);
-        if done {
-            s.live = false;
-            let now = clock.now();
-            if result.rpcs > before {
-                record(&mut result, s.started, now);
-            }
-            if !stopping && more(issued, now) && result.first_error.is_none() {
-                start_rpc(node, spec, &eq, s, slot, &mut next_rpc, &ping_payload, now, &mut result);
-                issued += 1;
-            }
-        }
-    }
-    result.secs = clock.now().saturating_duration_since(t0).as_secs_f64();
-    result
 }
 
 fn fail(result: &mut RunResult, msg: String) {
@@ -230,9 +356,9 @@ fn fail(result: &mut RunResult, msg: String) {
 
 #[allow(clippy::too_many_arguments, reason = "the state of one slot's next RPC")]
 fn start_rpc(
-    node: &Node,
+    lnet: &Lnet,
     spec: &RunSpec,
-    eq: &EventQueue,
+    sink: &EventSink,
     s: &mut Slot,
     slot: usize,
     next_rpc: &mut u64,
@@ -249,7 +375,6 @@ fn start_rpc(
     s.reply_status = 0;
     s.started = now;
     s.live = true;
-    let lnet = &node.lnet;
     if !s.got_bulk {
         if spec.op == Op::BrwWrite && spec.check != Check::None {
             let mut data = vec![0u8; s.bulk.len()];
@@ -261,7 +386,7 @@ fn start_rpc(
             .with_options(options)
             .with_threshold(Threshold::Count(1))
             .with_user_ptr(tag(KIND_BULK, slot))
-            .with_events(eq.clone());
+            .with_events(sink.clone());
         let me = MatchEntry::new(spec.server, rpc).with_unlink(Unlink::Auto);
         if let Err(e) = lnet.attach(BULK_PORTAL, me, md, Unlink::Auto) {
             fail(result, format!("cannot post the bulk buffer: {e}"));
@@ -273,7 +398,7 @@ fn start_rpc(
         .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
         .with_threshold(Threshold::Count(1))
         .with_user_ptr(tag(KIND_REPLY, slot))
-        .with_events(eq.clone());
+        .with_events(sink.clone());
     let me = MatchEntry::new(spec.server, rpc).with_unlink(Unlink::Auto);
     if let Err(e) = lnet.attach(REPLY_PORTAL, me, md, Unlink::Auto) {
         fail(result, format!("cannot post the reply buffer: {e}"));
@@ -295,7 +420,7 @@ fn start_rpc(
     let md = Md::contiguous(s.request.clone())
         .with_threshold(Threshold::Count(1))
         .with_user_ptr(tag(KIND_REQ, slot))
-        .with_events(eq.clone());
+        .with_events(sink.clone());
     let sent = lnet
         .md_bind(md, Unlink::Auto)
         .and_then(|h| lnet.put(h, AckReq::NoAck, spec.server, REQUEST_PORTAL, 0, 0, 0));
