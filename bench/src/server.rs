@@ -9,12 +9,13 @@
 //! Pings take a shorter road: the request buffers' events go to a callback, which runs on the
 //! LND's scheduler thread as the request arrives and answers a ping there and then (as kernel
 //! lnet_selftest answers in its event handler), so a ping costs no hop to this thread and back.
-//! The callback then forwards the event here for the bookkeeping (reposting the buffer,
-//! counting); every other request is handled here as before. The callback must not ask the
+//! The callback also reposts the buffer and counts (atomics), so a ping never wakes this
+//! thread; every other request is forwarded here and handled as before. The callback must not ask the
 //! LND anything synchronously (stats), because the LND's thread is the one running it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lnet_shim::buffer::Buffer;
@@ -34,9 +35,6 @@ const REQUEST_BUFFERS: u64 = 512;
 const KIND_REQUEST: u64 = 1;
 const KIND_BULK: u64 = 2;
 const KIND_REPLY: u64 = 3;
-/// A ping request already answered by the callback (or whose answer failed to start).
-const KIND_PINGED: u64 = 4;
-const KIND_PING_FAILED: u64 = 5;
 
 fn tag(kind: u64, id: u64) -> u64 {
     (kind << 56) | (id & ((1 << 56) - 1))
@@ -72,6 +70,7 @@ struct Server<'a> {
     replies: HashMap<u64, Arc<Buffer>>,
     next: u64,
     counters: ServerCounters,
+    fast: Arc<Fast>,
 }
 
 /// Serves until `stop()` returns true (checked at least every 100 ms).
@@ -85,6 +84,7 @@ pub fn serve(node: &Node, stop: impl Fn() -> bool) -> Result<ServerCounters, Str
         replies: HashMap::new(),
         next: 1,
         counters: ServerCounters::default(),
+        fast: Arc::default(),
     };
     for i in 0..REQUEST_BUFFERS {
         let buf = Arc::new(Buffer::new(REQUEST_BUF));
@@ -95,36 +95,22 @@ pub fn serve(node: &Node, stop: impl Fn() -> bool) -> Result<ServerCounters, Str
         let Some(ev) = s.eq.wait(Duration::from_millis(100)) else { continue };
         s.handle(ev);
     }
-    Ok(s.counters)
+    Ok(s.totals())
 }
 
 impl Server<'_> {
     fn post_request(&self, i: u64) -> Result<(), String> {
         let buf = self.requests.get(i as usize).ok_or("request buffer index")?.clone();
-        let sink = {
-            let (lnet, eq, buf) = (self.node.lnet.clone(), self.eq.clone(), buf.clone());
-            EventSink::callback(move |ev: &Event| {
-                let mut forward = *ev;
-                if ev.kind == EventKind::Put && ev.status.is_ok() {
-                    let len = (ev.mlength as usize).min(REQUEST_BUF);
-                    let bytes = buf.to_vec(0, len).unwrap_or_default();
-                    if let Some(req) = Request::decode(&bytes).filter(|r| r.op == Op::Ping) {
-                        let payload = bytes.get(HDR..).unwrap_or_default();
-                        let ok = send_reply(&lnet, &eq, 0, ev.initiator, req.rpc, 0, payload).is_ok();
-                        forward.user_ptr = tag(if ok { KIND_PINGED } else { KIND_PING_FAILED }, i);
-                    }
-                }
-                eq.push(forward);
-            })
-        };
-        let md = Md::contiguous(buf)
-            .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
-            .with_threshold(Threshold::Count(1))
-            .with_user_ptr(tag(KIND_REQUEST, i))
-            .with_events(sink);
-        let me = MatchEntry::new(ANY_PROCESS, 0).ignoring(u64::MAX).with_unlink(Unlink::Auto);
-        self.node.lnet.attach(REQUEST_PORTAL, me, md, Unlink::Auto).map_err(|e| e.to_string())?;
-        Ok(())
+        post_request(&self.node.lnet, &self.eq, &self.fast, buf, i)
+    }
+
+    /// The counters, pings answered in the callback included.
+    fn totals(&self) -> ServerCounters {
+        ServerCounters {
+            rpcs: self.counters.rpcs + self.fast.rpcs.load(Ordering::Relaxed),
+            errors: self.counters.errors + self.fast.errors.load(Ordering::Relaxed),
+            corrupt: self.counters.corrupt,
+        }
     }
 
     fn take_buffer(&mut self, size: usize) -> Arc<Buffer> {
@@ -139,14 +125,6 @@ impl Server<'_> {
         let (kind, id) = untag(ev.user_ptr);
         match kind {
             KIND_REQUEST if ev.kind == EventKind::Put => self.request(ev, id),
-            KIND_PINGED | KIND_PING_FAILED => {
-                let _ = self.post_request(id);
-                if kind == KIND_PINGED {
-                    self.counters.rpcs += 1;
-                } else {
-                    self.counters.errors += 1;
-                }
-            }
             KIND_BULK => self.bulk_event(ev, id),
             KIND_REPLY if ev.kind == EventKind::Send => {
                 self.replies.remove(&id);
@@ -181,7 +159,7 @@ impl Server<'_> {
                 self.reply(client, req.rpc, 0, &payload);
             }
             Op::Stats => {
-                let text = stats_text(self.node, &self.counters);
+                let text = stats_text(self.node, &self.totals());
                 self.reply(client, req.rpc, 0, text.as_bytes());
             }
             Op::BrwWrite | Op::BrwRead => self.brw(client, req),
@@ -258,7 +236,8 @@ impl Server<'_> {
     fn reply(&mut self, client: ProcessId, rpc: u64, status: i32, payload: &[u8]) {
         let id = self.next;
         self.next += 1;
-        match send_reply(&self.node.lnet, &self.eq, id, client, rpc, status, payload) {
+        let sink = EventSink::Queue(self.eq.clone());
+        match send_reply(&self.node.lnet, sink, id, client, rpc, status, payload) {
             Ok(buf) => {
                 self.replies.insert(id, buf);
                 self.counters.rpcs += 1;
@@ -268,11 +247,65 @@ impl Server<'_> {
     }
 }
 
-/// Starts the reply to RPC `rpc`: a small PUT of the reply header and `payload` to the
-/// client's reply portal; its SEND event goes to `eq` tagged with `id`. Returns the buffer.
-fn send_reply(
+/// Counters of the pings answered in the event callback (on the LND thread).
+#[derive(Debug, Default)]
+struct Fast {
+    rpcs: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// Posts request buffer `i`. Its events go to a callback on the LND thread: a ping is answered
+/// and the buffer reposted right there; any other request goes to `eq` for the server thread.
+fn post_request(
     lnet: &Lnet,
     eq: &EventQueue,
+    fast: &Arc<Fast>,
+    buf: Arc<Buffer>,
+    i: u64,
+) -> Result<(), String> {
+    let sink = {
+        let (lnet, eq, fast, buf) = (lnet.clone(), eq.clone(), fast.clone(), buf.clone());
+        EventSink::callback(move |ev: &Event| {
+            if ev.kind == EventKind::Put && ev.status.is_ok() {
+                let len = (ev.mlength as usize).min(REQUEST_BUF);
+                let bytes = buf.to_vec(0, len).unwrap_or_default();
+                if let Some(req) = Request::decode(&bytes).filter(|r| r.op == Op::Ping) {
+                    let payload = bytes.get(HDR..).unwrap_or_default();
+                    let errors = fast.clone();
+                    let on_sent = EventSink::callback(move |ev: &Event| {
+                        if let Err(e) = ev.status {
+                            eprintln!("lnd-bench server: reply to {} failed: {e}", ev.target);
+                            errors.errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                    let counter = match send_reply(&lnet, on_sent, 0, ev.initiator, req.rpc, 0, payload) {
+                        Ok(_) => &fast.rpcs,
+                        Err(()) => &fast.errors,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    // Fails only when LNet is shutting down: then nothing is served anyway.
+                    let _ = post_request(&lnet, &eq, &fast, buf.clone(), i);
+                    return;
+                }
+            }
+            eq.push(*ev);
+        })
+    };
+    let md = Md::contiguous(buf)
+        .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
+        .with_threshold(Threshold::Count(1))
+        .with_user_ptr(tag(KIND_REQUEST, i))
+        .with_events(sink);
+    let me = MatchEntry::new(ANY_PROCESS, 0).ignoring(u64::MAX).with_unlink(Unlink::Auto);
+    lnet.attach(REQUEST_PORTAL, me, md, Unlink::Auto).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Starts the reply to RPC `rpc`: a small PUT of the reply header and `payload` to the
+/// client's reply portal; its SEND event goes to `sink` tagged with `id`. Returns the buffer.
+fn send_reply(
+    lnet: &Lnet,
+    sink: EventSink,
     id: u64,
     client: ProcessId,
     rpc: u64,
@@ -286,7 +319,7 @@ fn send_reply(
     let md = Md::contiguous(buf.clone())
         .with_threshold(Threshold::Count(1))
         .with_user_ptr(tag(KIND_REPLY, id))
-        .with_events(eq.clone());
+        .with_events(sink);
     lnet.md_bind(md, Unlink::Auto)
         .and_then(|h| lnet.put(h, AckReq::NoAck, client, REPLY_PORTAL, rpc, 0, 0))
         .map(|()| buf)
