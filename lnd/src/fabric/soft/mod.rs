@@ -172,6 +172,12 @@ impl Default for TxBatch {
 }
 
 impl TxBatch {
+    /// A batch with no buffer, left in the device while `transmit` borrows the real one (so
+    /// that borrowing it allocates and zero-fills nothing).
+    fn placeholder() -> TxBatch {
+        TxBatch { buf: Vec::new(), used: 0, dst: None, seg: 0, count: 0, closed: false }
+    }
+
     fn clear(&mut self) {
         self.used = 0;
         self.dst = None;
@@ -588,7 +594,7 @@ impl DevState {
     /// Sends frames from ready QPs; returns false if the wire pushed back.
     fn transmit(&mut self, now: Instant, local: Ipv4Addr, udp_port: u16) -> std::io::Result<()> {
         let mut budget = TX_BATCH;
-        let mut batch = std::mem::take(&mut self.batch);
+        let mut batch = std::mem::replace(&mut self.batch, TxBatch::placeholder());
         batch.clear();
         let mut result = Ok(());
         'qps: while budget > 0 {
