@@ -273,9 +273,10 @@ impl<D: Device> Scheduler<D> {
     }
 
     fn run(mut self) {
-        for (i, fd) in self.engine.device().pollable_fds().into_iter().enumerate() {
+        let device_fds = self.engine.device().pollable_fds();
+        for (i, fd) in device_fds.iter().enumerate() {
             let _ =
-                self.poll.registry().register(&mut SourceFd(&fd), Token(DEVICE_BASE + i), Interest::READABLE);
+                self.poll.registry().register(&mut SourceFd(fd), Token(DEVICE_BASE + i), Interest::READABLE);
         }
         let mut events = Events::with_capacity(256);
         let mut shutdown_deadline = None;
@@ -341,6 +342,10 @@ impl<D: Device> Scheduler<D> {
                 let Token(t) = ev.token();
                 if t >= CQ_BASE {
                     self.engine.cq_ready(t - CQ_BASE);
+                } else if let Some(&fd) = t.checked_sub(DEVICE_BASE).and_then(|i| device_fds.get(i)) {
+                    // mio is edge-triggered: the device may skip reading a drained socket
+                    // until the next edge.
+                    self.engine.device().fd_readable(fd);
                 }
             }
         }

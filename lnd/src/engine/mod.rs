@@ -213,6 +213,8 @@ pub struct Engine<D: Device> {
     stats: EngineStats,
     shutdown: bool,
     wcs: Vec<Wc>,
+    /// Inside [`Engine::drain_cq`]: completions are being handled in order already.
+    reaping: bool,
     scratch: Vec<u8>,
     /// Completions and CM events handled (part of [`Engine::poll`]'s activity measure).
     work: u64,
@@ -278,6 +280,7 @@ impl<D: Device> Engine<D> {
             stats: EngineStats::default(),
             shutdown: false,
             wcs: vec![Wc::default(); WC_BATCH],
+            reaping: false,
             scratch: vec![0u8; IBLND_MSG_SIZE],
             work: 0,
             cfg,
@@ -464,6 +467,12 @@ impl<D: Device> Engine<D> {
 
     /// Drains a CQ, re-arms it, and drains again (a completion can land in between).
     fn drain_cq(&mut self, now: Instant, key: usize) {
+        let outer = std::mem::replace(&mut self.reaping, true);
+        self.drain_cq_inner(now, key);
+        self.reaping = outer;
+    }
+
+    fn drain_cq_inner(&mut self, now: Instant, key: usize) {
         let Some(conn) = self.conns.get(key) else { return };
         let _ = conn.cq.get_event();
         for pass in 0..2 {
@@ -840,6 +849,17 @@ impl<D: Device> Engine<D> {
         if conn.state == ConnState::Closing {
             return None;
         }
+        // Completions already on the CQ happened before whatever closes the connection (the
+        // peer acknowledged our last send before it sent its DREQ, but the CQ's notification
+        // may not have been seen yet): reap them first, so that a send the peer received
+        // completes as sent, not as aborted. Not when completions are being reaped already.
+        if conn.state == ConnState::Established && !self.reaping {
+            self.drain_cq(now, key);
+            if self.conns.get(key).is_none_or(|c| c.state == ConnState::Closing) {
+                return None;
+            }
+        }
+        let conn = self.conns.get_mut(key)?;
         let was_connecting = matches!(conn.state, ConnState::ActiveConnect | ConnState::PassiveWait);
         let was_active_connect = conn.state == ConnState::ActiveConnect;
         let was_passive = conn.state == ConnState::PassiveWait;

@@ -152,6 +152,13 @@ pub trait Device: Send + Sync + 'static {
     /// File descriptors whose readability means `progress` has work (sockets, async-event fd).
     fn pollable_fds(&self) -> Vec<RawFd>;
 
+    /// The caller's poller (edge-triggered, as mio's) saw `fd`, one of [`Device::pollable_fds`],
+    /// become readable. A device told this may skip reading an fd it has drained until it is
+    /// told again, saving a system call per `progress`; one never told keeps reading every time.
+    fn fd_readable(&self, fd: RawFd) {
+        let _ = fd;
+    }
+
     /// Transport counters.
     fn stats(&self) -> FabricStats;
 }

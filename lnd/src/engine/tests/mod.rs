@@ -702,3 +702,45 @@ fn mixed_transfers_among_eight_engines_every_byte_verified() {
     assert_eq!((w.verified, w.failed), (10_000, 0), "seed {s}");
     settle_and_check(&mut sim);
 }
+
+/// Regression: the receiver of a message closes the connection right after receiving it (the
+/// lnd-bench client shutting down after the last reply). Its ACK reaches the sender before its
+/// DREQ, often in the same `progress` call; the send must complete as sent, not be aborted by
+/// the disconnect because its completion was reaped after the DREQ was handled.
+#[test]
+fn a_send_acknowledged_just_before_the_peer_disconnects_completes_as_sent() {
+    let base = seed();
+    for k in 0..8u64 {
+        let s = base.wrapping_add(k);
+        let mut sim = Sim::new(s, 2, &tunables(), FaultConfig::NONE);
+        let (a, b) = (nid(0), nid(1));
+        // Connect first, so the message below is the only traffic in flight.
+        sim.put(0, 1, 1, 8);
+        assert!(sim.wait_send(0, 1, 10_000).is_ok(), "seed {s}");
+        sim.nodes[1].lnet.take_recv_done();
+        let sink = Arc::new(Buffer::new(16));
+        sim.nodes[1].lnet.post_sink(2, vec![Frag::whole(sink)], 16);
+        let msg = LndSend {
+            target: b,
+            hdr: put_hdr(a, b, 2, 16),
+            payload: vec![Frag::whole(filled(2, 16))],
+            get_sink: None,
+            token: 2,
+        };
+        sim.nodes[0].engine.send(sim.now, msg).unwrap();
+        assert!(
+            sim.run_until(10_000, |sim| !sim.nodes[1].lnet.inner.lock().unwrap().recv_done.is_empty()),
+            "seed {s}"
+        );
+        // The receiver hangs up at once, at the instant the message arrived: its DREQ leaves
+        // right behind its ACK.
+        let now = sim.now;
+        sim.nodes[1].engine.close_peer(now, a);
+        sim.nodes[1].engine.poll(now);
+        // The sender next looks when both have arrived (it was busy, or asleep in epoll).
+        sim.now = now + Duration::from_micros(50);
+        sim.nodes[0].engine.poll(sim.now);
+        let r = sim.wait_send(0, 2, 10_000);
+        assert!(r.is_ok(), "seed {s}: the acknowledged send was reported as {r:?}");
+    }
+}

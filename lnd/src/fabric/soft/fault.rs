@@ -307,6 +307,10 @@ impl Wire for FaultyWire {
         self.inner.raw_fd()
     }
 
+    fn readable(&mut self) {
+        self.inner.readable();
+    }
+
     fn next_deadline(&self) -> Option<Instant> {
         let held = Instant::min_deadline(
             self.tx_held.keys().next().map(|k| k.0),

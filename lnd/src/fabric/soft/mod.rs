@@ -855,6 +855,12 @@ impl Device for SoftDevice {
         self.shared.fd.into_iter().collect()
     }
 
+    fn fd_readable(&self, fd: RawFd) {
+        if self.shared.fd == Some(fd) {
+            self.shared.lock().wire.readable();
+        }
+    }
+
     fn stats(&self) -> FabricStats {
         self.shared.lock().stats
     }

@@ -34,6 +34,10 @@ pub trait Wire: Send {
     fn recv(&mut self, now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>>;
     /// The fd that becomes readable when frames arrive, if there is one.
     fn raw_fd(&self) -> Option<RawFd>;
+    /// An edge-triggered poller saw [`Wire::raw_fd`] become readable (see
+    /// [`crate::fabric::Device::fd_readable`]): from the first call on, the wire may answer
+    /// `recv` with `Ok(None)` without a system call after it found the fd empty, until the next.
+    fn readable(&mut self) {}
     /// When a frame held back (delayed, or in flight on a simulated link) becomes deliverable.
     fn next_deadline(&self) -> Option<Instant>;
 }
@@ -71,6 +75,10 @@ pub struct UdpWire {
     port: u16,
     gso: bool,
     gro: bool,
+    /// The driver tells us of readiness edges ([`Wire::readable`]).
+    edge_driven: bool,
+    /// Edge-driven and the socket was found empty since the last edge.
+    drained: bool,
 }
 
 /// `UDP_SEGMENT` (linux/udp.h): segment size for UDP GSO.
@@ -106,7 +114,7 @@ impl UdpWire {
             SocketAddr::V6(a) => a.port(),
         };
         let gro = set_int_opt(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok();
-        Ok(UdpWire { socket, ip, port, gso: true, gro })
+        Ok(UdpWire { socket, ip, port, gso: true, gro, edge_driven: false, drained: false })
     }
 
     /// One `sendmsg` with a `UDP_SEGMENT` control message.
@@ -238,6 +246,9 @@ impl Wire for UdpWire {
     }
 
     fn recv(&mut self, _now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>> {
+        if self.drained {
+            return Ok(None);
+        }
         loop {
             let r = if self.gro {
                 self.recv_gro(buf)
@@ -250,12 +261,20 @@ impl Wire for UdpWire {
             };
             return match r {
                 Ok(r) => Ok(Some(r)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.drained = self.edge_driven;
+                    Ok(None)
+                }
                 Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => Err(e),
             };
         }
+    }
+
+    fn readable(&mut self) {
+        self.edge_driven = true;
+        self.drained = false;
     }
 
     fn raw_fd(&self) -> Option<RawFd> {
