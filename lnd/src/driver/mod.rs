@@ -21,7 +21,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
 use crossbeam_queue::SegQueue;
@@ -139,6 +139,8 @@ struct Shared {
 pub struct Driver {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The scheduler thread: a command it queues itself (from an upcall) needs no wake-up.
+    scheduler: ThreadId,
 }
 
 impl std::fmt::Debug for Driver {
@@ -192,12 +194,17 @@ impl Driver {
         let thread = std::thread::Builder::new()
             .name(format!("o2iblnd-{}", nid.addr()))
             .spawn(move || Scheduler::new(engine, poll, s2, busy_poll_usec).run())?;
-        Ok(Driver { shared, thread: Mutex::new(Some(thread)) })
+        let scheduler = thread.thread().id();
+        Ok(Driver { shared, thread: Mutex::new(Some(thread)), scheduler })
     }
 
     fn push(&self, cmd: Cmd) {
         self.shared.queue.push(cmd);
-        let _ = self.shared.waker.wake();
+        // From the scheduler itself (an event callback sending a reply), the loop sees the
+        // queue before it sleeps: no eventfd write, no extra epoll round.
+        if std::thread::current().id() != self.scheduler {
+            let _ = self.shared.waker.wake();
+        }
     }
 
     /// Counters (asks the scheduler; `None` if it does not answer in time).
@@ -327,6 +334,8 @@ impl<D: Device> Scheduler<D> {
                 }
             }
             let timeout = match self.engine.next_deadline() {
+                // Queued by an upcall on this thread (no wake-up was sent for it).
+                _ if !self.shared.queue.is_empty() => Duration::ZERO,
                 Some(t) if t <= now => Duration::ZERO,
                 // busy_poll_usec: keep polling a while after the last piece of work.
                 _ if now.saturating_duration_since(last_work) < spin => Duration::ZERO,
