@@ -216,6 +216,13 @@ fn stamped(check: Check, len: usize) -> Box<dyn Iterator<Item = usize>> {
 
 /// Stamps `buf` (the first `len` bytes) for `check` with `magic`.
 pub fn stamp(buf: &mut [u8], check: Check, magic: u64) {
+    if check == Check::Full {
+        // Every whole word, in one pass the compiler can keep in registers.
+        for (i, w) in buf.chunks_exact_mut(8).enumerate() {
+            w.copy_from_slice(&word(magic, i * 8));
+        }
+        return;
+    }
     let len = buf.len();
     for at in stamped(check, len) {
         if let Some(w) = buf.get_mut(at..at + 8) {
@@ -226,6 +233,9 @@ pub fn stamp(buf: &mut [u8], check: Check, magic: u64) {
 
 /// Whether `buf` carries the stamps `check` and `magic` call for.
 pub fn verify(buf: &[u8], check: Check, magic: u64) -> bool {
+    if check == Check::Full {
+        return buf.chunks_exact(8).enumerate().all(|(i, w)| w == word(magic, i * 8));
+    }
     let len = buf.len();
     stamped(check, len).all(|at| buf.get(at..at + 8) == Some(&word(magic, at)[..]))
 }
