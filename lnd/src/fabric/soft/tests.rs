@@ -42,6 +42,28 @@ fn config(seed: u64) -> SoftConfig {
     SoftConfig { seed, ..SoftConfig::default() }
 }
 
+/// Both paths of RDMA WRITE between ports of one host: single copy, and the wire.
+const PATHS: [SingleCopy; 2] = [SingleCopy::Auto, SingleCopy::Off];
+
+fn on_path(seed: u64, path: SingleCopy) -> SoftConfig {
+    SoftConfig { single_copy: path, ..config(seed) }
+}
+
+/// The WRITEs from `a` to `b` took `path` (the single-copy path is never silently skipped).
+fn assert_path(a: &SoftDevice, b: &SoftDevice, path: SingleCopy, s: u64) {
+    let (sa, sb) = (a.stats(), b.stats());
+    match path {
+        SingleCopy::Auto => assert!(
+            sa.placed_sent > 0 && sb.placed_writes > 0 && sb.placed_bytes > 0 && sb.placed_refused == 0,
+            "seed {s}: single copy not taken: {sa:?} {sb:?}"
+        ),
+        SingleCopy::Off => assert!(
+            sa.placed_sent == 0 && sb.placed_writes == 0 && sb.placed_bytes == 0,
+            "seed {s}: placed on the wire path: {sa:?} {sb:?}"
+        ),
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Rc {
     timeout: u8,
@@ -200,22 +222,29 @@ fn write_then_send(a: &Node, b: &Node, n: u64, sizes: &[usize], window: u64, now
 
 #[test]
 fn writes_and_sends_arrive_in_order_exactly_once_on_a_clean_wire() {
-    let s = seed();
-    let net = SimNet::new(s, Duration::from_micros(5));
-    let a = node(&net, 1, config(s), 1 << 20);
-    let b = node(&net, 2, config(s + 1), 1 << 20);
-    connect(&a, &b, RC);
-    let mut now = Instant::ZERO;
-    write_then_send(&a, &b, 200, &[0, 1, 4095, 4096, 4097, 20000, 65536], 8, &mut now, s);
-    let st = a.dev.stats();
-    assert_eq!(st.retransmits, 0, "seed {s}: {st:?}");
-    assert_eq!(b.dev.stats().duplicates, 0);
+    for path in PATHS {
+        let s = seed();
+        let net = SimNet::new(s, Duration::from_micros(5));
+        let a = node(&net, 1, on_path(s, path), 1 << 20);
+        let b = node(&net, 2, on_path(s + 1, path), 1 << 20);
+        connect(&a, &b, RC);
+        let mut now = Instant::ZERO;
+        write_then_send(&a, &b, 200, &[0, 1, 4095, 4096, 4097, 20000, 65536], 8, &mut now, s);
+        let st = a.dev.stats();
+        assert_eq!(st.retransmits, 0, "seed {s} {path:?}: {st:?}");
+        assert_eq!(b.dev.stats().duplicates, 0);
+        assert_path(&a.dev, &b.dev, path, s);
+        if path == SingleCopy::Auto {
+            // 6 of 7 sizes are placed; the 0-byte WRITEs go by the wire.
+            let placed = (0..200u64).filter(|m| m % 7 != 0).count() as u64;
+            assert_eq!(b.dev.stats().placed_writes, placed, "seed {s}");
+        }
+    }
 }
 
 #[test]
 fn writes_and_sends_survive_20_percent_loss_with_reordering_and_duplication() {
     let s = seed();
-    let net = SimNet::new(s, Duration::from_micros(5)).with_jitter(Duration::from_micros(3));
     // 20% of frames lost on every link direction (applied once, at the sender), plus
     // reordering and duplication.
     let faults = FaultConfig {
@@ -228,29 +257,43 @@ fn writes_and_sends_survive_20_percent_loss_with_reordering_and_duplication() {
         },
         rx: DirFaults::NONE,
     };
-    let a = node(&net, 1, SoftConfig { faults, mtu: Mtu::Mtu1024, ..config(s) }, 1 << 20);
-    let b = node(&net, 2, SoftConfig { faults, mtu: Mtu::Mtu1024, ..config(s + 1) }, 1 << 20);
-    connect(&a, &b, Rc { mtu: Mtu::Mtu1024, ..RC });
-    let mut now = Instant::ZERO;
-    write_then_send(&a, &b, 300, &[0, 100, 1024, 3000, 20000, 65536], 8, &mut now, s);
-    let (sa, sb) = (a.dev.stats(), b.dev.stats());
-    assert!(sa.retransmits > 0 && sb.duplicates > 0 && sb.seq_naks > 0, "seed {s}: {sa:?} {sb:?}");
-    assert!(a.dev.fault_stats().dropped > 0 && a.dev.fault_stats().reordered > 0);
+    for path in PATHS {
+        let net = SimNet::new(s, Duration::from_micros(5)).with_jitter(Duration::from_micros(3));
+        let a = node(&net, 1, SoftConfig { faults, mtu: Mtu::Mtu1024, ..on_path(s, path) }, 1 << 20);
+        let b = node(&net, 2, SoftConfig { faults, mtu: Mtu::Mtu1024, ..on_path(s + 1, path) }, 1 << 20);
+        connect(&a, &b, Rc { mtu: Mtu::Mtu1024, ..RC });
+        let mut now = Instant::ZERO;
+        write_then_send(&a, &b, 300, &[0, 100, 1024, 3000, 20000, 65536], 8, &mut now, s);
+        let (sa, sb) = (a.dev.stats(), b.dev.stats());
+        assert!(
+            sa.retransmits > 0 && sb.duplicates > 0 && sb.seq_naks > 0,
+            "seed {s} {path:?}: {sa:?} {sb:?}"
+        );
+        assert!(a.dev.fault_stats().dropped > 0 && a.dev.fault_stats().reordered > 0);
+        assert_path(&a.dev, &b.dev, path, s);
+    }
 }
 
 #[test]
 fn corrupted_frames_are_dropped_by_the_icrc_and_recovered() {
     let s = seed();
-    let net = SimNet::new(s, Duration::from_micros(5));
     let faults = FaultConfig::symmetric(DirFaults { corrupt: 0.05, ..DirFaults::NONE });
-    let a = node(&net, 1, SoftConfig { faults, ..config(s) }, 1 << 20);
-    let b = node(&net, 2, SoftConfig { faults, ..config(s + 1) }, 1 << 20);
-    connect(&a, &b, RC);
-    let mut now = Instant::ZERO;
-    write_then_send(&a, &b, 100, &[4096, 30000], 4, &mut now, s);
-    let bad =
-        a.dev.stats().bad_icrc + b.dev.stats().bad_icrc + a.dev.stats().malformed + b.dev.stats().malformed;
-    assert!(bad > 0, "seed {s}: corruption must be caught");
+    for path in PATHS {
+        let net = SimNet::new(s, Duration::from_micros(5));
+        let a = node(&net, 1, SoftConfig { faults, ..on_path(s, path) }, 1 << 20);
+        let b = node(&net, 2, SoftConfig { faults, ..on_path(s + 1, path) }, 1 << 20);
+        connect(&a, &b, RC);
+        let mut now = Instant::ZERO;
+        // More messages on the single-copy path: it sends far fewer frames to corrupt.
+        let n = if path == SingleCopy::Auto { 400 } else { 100 };
+        write_then_send(&a, &b, n, &[4096, 30000], 4, &mut now, s);
+        let bad = a.dev.stats().bad_icrc
+            + b.dev.stats().bad_icrc
+            + a.dev.stats().malformed
+            + b.dev.stats().malformed;
+        assert!(bad > 0, "seed {s} {path:?}: corruption must be caught");
+        assert_path(&a.dev, &b.dev, path, s);
+    }
 }
 
 #[test]
@@ -348,9 +391,15 @@ fn rnr_exhaustion_fails_with_rnr_retry_exc_err() {
 
 /// `wr` maps the target's (address, rkey) to the WRITE's (remote address, rkey, length).
 fn access_error_case(s: u64, b_access: Access, wr: impl Fn(u64, u32) -> (u64, u32, u32)) {
+    for path in PATHS {
+        access_error_on(s, path, b_access, &wr);
+    }
+}
+
+fn access_error_on(s: u64, path: SingleCopy, b_access: Access, wr: impl Fn(u64, u32) -> (u64, u32, u32)) {
     let net = SimNet::new(s, Duration::from_micros(5));
-    let a = node(&net, 1, config(s), 65536);
-    let b = node(&net, 2, config(s + 1), 0);
+    let a = node(&net, 1, on_path(s, path), 65536);
+    let b = node(&net, 2, on_path(s + 1, path), 0);
     let target = RegisteredBuf::new(&b.dev, &b.pd, 8192, b_access).unwrap();
     target.buf().fill(0xee);
     a.buf.buf().fill(0x11);
@@ -385,6 +434,9 @@ fn access_error_case(s: u64, b_access: Access, wr: impl Fn(u64, u32) -> (u64, u3
     assert_eq!(b.qp.state(), QpState::Err);
     assert_eq!(b.dev.poll_async_event(), Some(AsyncEvent::QpFatal { qp_num: b.qp.qp_num() }));
     assert_eq!(b.dev.stats().access_errors, 1);
+    let placed = a.dev.stats().placed_sent;
+    assert_eq!(placed, u64::from(path == SingleCopy::Auto), "seed {s} {path:?}");
+    assert_eq!(b.dev.stats().placed_writes, 0);
 }
 
 #[test]
@@ -433,11 +485,17 @@ fn send_longer_than_the_receive_is_loc_len_err() {
 
 #[test]
 fn scatter_gather_imm_and_small_mtu() {
+    for path in PATHS {
+        scatter_gather_imm_and_small_mtu_on(path);
+    }
+}
+
+fn scatter_gather_imm_and_small_mtu_on(path: SingleCopy) {
     let s = seed();
     let net = SimNet::new(s, Duration::from_micros(5));
     let rc = Rc { mtu: Mtu::Mtu256, ..RC };
-    let a = node(&net, 1, config(s), 65536);
-    let b = node(&net, 2, config(s + 1), 65536);
+    let a = node(&net, 1, on_path(s, path), 65536);
+    let b = node(&net, 2, on_path(s + 1, path), 65536);
     connect(&a, &b, rc);
     let data = pattern(1, 3000);
     a.buf.buf().write(0, &data[..1000]).unwrap();
@@ -490,8 +548,12 @@ fn scatter_gather_imm_and_small_mtu() {
     assert_eq!(got, data);
     assert_eq!(b.buf.buf().to_vec(30000, 3000).unwrap(), data);
     assert_eq!(b.buf.buf().to_vec(40000, 5).unwrap(), data[..5]);
-    // 3000 bytes at MTU 256 = 12 packets per message.
-    assert!(a.dev.stats().tx_packets >= 25);
+    // 3000 bytes at MTU 256 = 12 packets per message; the placed WRITE is one request.
+    let tx = a.dev.stats().tx_packets;
+    assert!(if path == SingleCopy::Off { tx >= 25 } else { (14..25).contains(&tx) }, "{path:?}: {tx}");
+    // The inline WRITE is never placed.
+    assert_eq!(b.dev.stats().placed_writes, u64::from(path == SingleCopy::Auto));
+    assert_path(&a.dev, &b.dev, path, s);
 }
 
 #[test]
