@@ -280,6 +280,33 @@ mod tests {
     }
 
     #[test]
+    fn placement_copies_from_a_process_only_into_a_checked_range() {
+        let mut rng = Rng::new(3);
+        let mut t = MrTable::new(8);
+        let mut dst = vec![0u8; 64];
+        let base = dst.as_mut_ptr() as u64;
+        let key = t.register(1, base, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE, &mut rng).unwrap();
+        let src: Vec<u8> = (0..48).collect();
+        let (a, b) = (src.as_ptr() as u64, src.as_ptr() as u64 + 40);
+        let me = std::process::id();
+        t.write_from_process(1, key, base + 8, 48, me, &[(a, 40), (b, 8)]).unwrap();
+        assert_eq!(&dst[8..56], &src[..]);
+        assert_eq!(&dst[..8], &[0; 8]);
+        assert_eq!(&dst[56..], &[0; 8]);
+        let range = t.write_from_process(1, key, base + 32, 48, me, &[(a, 48)]);
+        assert!(matches!(range, Err(PlaceFault::Mem(MemFault::Range))));
+        let pd = t.write_from_process(2, key, base, 8, me, &[(a, 8)]);
+        assert!(matches!(pd, Err(PlaceFault::Mem(MemFault::WrongPd))));
+        // Requester addresses that are not mapped: EFAULT from the kernel, not a crash.
+        let bad = t.write_from_process(1, key, base, 8, me, &[(8, 8)]);
+        assert!(matches!(bad, Err(PlaceFault::Os(e)) if e.raw_os_error() == Some(libc::EFAULT)));
+        // A gather list shorter than the length.
+        let short = t.write_from_process(1, key, base, 16, me, &[(a, 8)]);
+        assert!(matches!(short, Err(PlaceFault::Os(_))));
+        drop(dst);
+    }
+
+    #[test]
     fn reused_slots_get_new_keys_and_the_table_has_a_limit() {
         let mut rng = Rng::new(2);
         let mut t = MrTable::new(2);

@@ -770,3 +770,73 @@ fn posting_checks_state_queue_depth_and_sges() {
     let sge = Sge { addr: 0, length: 0, lkey: 0 };
     assert!(b.qp.post_recv(&[RecvWr { wr_id: 0, sg_list: &[sge; 5] }]).is_err(), "4 SGEs max");
 }
+
+/// Connects one more QP pair on the devices of `a` and `b`.
+fn second_pair(a: &Node, b: &Node) -> (SoftQp, SoftQp) {
+    let cap =
+        QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 0 };
+    let attr = QpInitAttr { cap, sq_sig_all: false };
+    let qa = a.dev.create_qp(&a.pd, &a.cq, &a.cq, &attr).unwrap();
+    let qb = b.dev.create_qp(&b.pd, &b.cq, &b.cq, &attr).unwrap();
+    to_rtr(&qa, &qb, b.dev.ip(), 100, RC);
+    to_rtr(&qb, &qa, a.dev.ip(), 200, RC);
+    to_rts(&qa, 200, RC);
+    to_rts(&qb, 100, RC);
+    (qa, qb)
+}
+
+#[test]
+fn a_kernel_refusal_sends_the_writes_by_the_wire_under_loss() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let faults = FaultConfig::symmetric(DirFaults::lossy(0.1));
+    let a = node(&net, 1, SoftConfig { faults, ..on_path(s, SingleCopy::Auto) }, 1 << 20);
+    let b = node(&net, 2, SoftConfig { faults, ..on_path(s + 1, SingleCopy::Auto) }, 1 << 20);
+    // As when Yama's ptrace_scope forbids the copy.
+    b.dev.force_placement_errno(Some(libc::EPERM));
+    connect(&a, &b, RC);
+    let mut now = Instant::ZERO;
+    write_then_send(&a, &b, 100, &[100, 4096, 65536], 8, &mut now, s);
+    let (sa, sb) = (a.dev.stats(), b.dev.stats());
+    assert_eq!(sa.placed_refused, 1, "seed {s}: the requester switches once: {sa:?}");
+    assert!(sb.placed_refused >= 1 && sb.placed_writes == 0, "seed {s}: {sb:?}");
+    assert!(sa.placed_sent >= 1);
+    // The device remembers: a new QP to the same peer does not try again.
+    let (qa, qb) = second_pair(&a, &b);
+    b.buf.buf().fill(0);
+    a.buf.buf().write(0, &[7u8; 5000]).unwrap();
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::RdmaWrite { remote_addr: b.buf.addr_at(0), rkey: b.buf.rkey() },
+        sg_list: &[a.buf.sge(0, 5000)],
+        flags: SendFlags::SIGNALED,
+    };
+    qa.post_send(&[wr]).unwrap();
+    let mut wa = Vec::new();
+    assert!(run_until(&[&a.dev, &b.dev], &mut now, 100_000, |_| {
+        poll_all(&a.cq, &mut wa);
+        !wa.is_empty()
+    }));
+    assert_eq!(wa[0].status, WcStatus::Success, "seed {s}");
+    assert_eq!(b.buf.buf().to_vec(0, 5000).unwrap(), vec![7u8; 5000]);
+    assert_eq!(a.dev.stats().placed_sent, sa.placed_sent, "seed {s}: no placement after the refusal");
+    drop((qa, qb));
+}
+
+#[test]
+fn a_responder_with_single_copy_off_refuses_and_the_wire_takes_over() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, on_path(s, SingleCopy::Auto), 1 << 20);
+    let b = node(&net, 2, on_path(s + 1, SingleCopy::Off), 1 << 20);
+    connect(&a, &b, RC);
+    let mut now = Instant::ZERO;
+    write_then_send(&a, &b, 50, &[1, 4096, 65536], 8, &mut now, s);
+    let (sa, sb) = (a.dev.stats(), b.dev.stats());
+    assert_eq!(
+        (sa.placed_refused, sb.placed_refused, sb.placed_writes),
+        (1, 1, 0),
+        "seed {s}: {sa:?} {sb:?}"
+    );
+    assert_eq!(sa.timeouts, 0, "seed {s}: the refusal costs no timeout");
+}
