@@ -257,7 +257,14 @@ fn target(a: &Args) -> Result<(), String> {
     // Let the last credits and ACKs leave before exiting.
     let end = peer.clock.now() + Duration::from_millis(200);
     while peer.turn()? < end {}
-    println!("target: verified {verified} messages, {} bytes", verified * a.size as u64);
+    let st = peer.dev.stats();
+    println!(
+        "target: verified {verified} messages, {} bytes (single copy: placed {} writes, {} bytes, refused {})",
+        verified * a.size as u64,
+        st.placed_writes,
+        st.placed_bytes,
+        st.placed_refused
+    );
     Ok(())
 }
 
@@ -338,13 +345,15 @@ fn initiator(a: &Args) -> Result<(), String> {
     let mib = (a.messages * a.size as u64) as f64 / f64::from(1 << 20);
     let st = peer.dev.stats();
     println!(
-        "initiator: {} messages of {} bytes, window {}: {mib:.0} MiB in {secs:.3} s = {:.1} MiB/s (retransmits {}, timeouts {})",
+        "initiator: {} messages of {} bytes, window {}: {mib:.0} MiB in {secs:.3} s = {:.1} MiB/s (retransmits {}, timeouts {}, single copy: placed {}, refused {})",
         a.messages,
         a.size,
         a.window,
         mib / secs,
         st.retransmits,
-        st.timeouts
+        st.timeouts,
+        st.placed_sent,
+        st.placed_refused
     );
     Ok(())
 }
