@@ -1,5 +1,6 @@
 //! Registered memory: the software device's MR table, and the only code in it that touches
-//! caller memory.
+//! caller memory (by `memcpy`, or by `process_vm_readv` for the same-host path of
+//! [`super::place`]).
 //!
 //! A region is an `(addr, len, pd, access)` entry found by its key. Every access names a key,
 //! a protection domain, an address range and the access it needs; the table checks all four

@@ -15,7 +15,15 @@
 //! * device limits: max QPs, WRs per queue, SGEs, CQEs, MRs, and a total work-queue-entry
 //!   budget (the HCA's memory), so QP creation fails with [`FabricError::Resource`] and
 //!   succeeds when retried smaller;
-//! * seeded fault injection per direction ([`fault`]).
+//! * seeded fault injection per direction ([`fault`]);
+//! * the **same-host single-copy path** ([`place`]): an RDMA WRITE to a port on the same host
+//!   (loopback addresses; every port of a [`SimNet`]) travels as one small vendor request in
+//!   the RC stream, and the responder, after the usual key/PD/access/range check under its
+//!   lock, copies the payload with one `process_vm_readv` from the requester's process straight
+//!   into its registered memory. Peers find each other's process through a per-user registry
+//!   ([`registry`]), never through a packet; a kernel refusal (`EPERM`, e.g. Yama) falls back to
+//!   the wire for that peer. [`SoftConfig::single_copy`] or `LND_SOFT_SINGLE_COPY=0|1` choose
+//!   the path; `FabricStats::placed_*` count it.
 //!
 //! What it does not: RDMA READ and atomics, UD QPs beyond the GSI, SRQs, memory windows,
 //! P_Key tables, multiple ports, congestion control (CNPs are ignored).
@@ -30,7 +38,7 @@ pub mod mem;
 pub mod packet;
 pub mod place;
 pub mod rc;
-mod registry;
+pub mod registry;
 pub mod sim;
 pub mod wire;
 
