@@ -5,6 +5,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use self::packet::{NakCode, Reth, Syndrome};
 use super::*;
 use crate::fabric::dma::RegisteredBuf;
 use crate::fabric::{CompletionQueue, SendFlags, SendOp, Sge, Wc, WcOpcode, WcStatus};
@@ -842,4 +843,108 @@ fn a_responder_with_single_copy_off_refuses_and_the_wire_takes_over() {
         "seed {s}: {sa:?} {sb:?}"
     );
     assert_eq!(sa.timeouts, 0, "seed {s}: the refusal costs no timeout");
+}
+
+/// Sends `frame`-building requests from a raw port at ip(1) to a QP of `b` in RTR and returns
+/// the (syndrome, PSN) of each response.
+fn hostile_placed(
+    b: &Node,
+    raw: &mut SimPort,
+    now: &mut Instant,
+    requests: &[(u32, u64, u32, Vec<(u64, u32)>)],
+) -> Vec<(Syndrome, u32)> {
+    let meta = IcrcMeta::new(ip(1), b.dev.ip(), packet::ROCEV2_UDP_PORT, packet::ROCEV2_UDP_PORT);
+    let mut out = Vec::new();
+    for (psn, nonce, dma_len, sges) in requests {
+        let mut bth = Bth::new(Opcode::RcPlacedWrite, b.qp.qp_num(), *psn);
+        bth.ack_req = true;
+        let reth = Reth { va: b.buf.addr_at(0), rkey: b.buf.rkey(), dma_len: *dma_len };
+        let headers = Headers { reth: Some(reth), ..Headers::new(bth) };
+        let mut payload = vec![0u8; place::PlacedWrite::len_for(sges.len())];
+        let psns = dma_len.div_ceil(4096).max(1);
+        assert!(place::PlacedWrite::emit(*nonce, psns, sges, &mut payload));
+        let mut frame = Vec::new();
+        packet::build(&meta, &headers, &payload, &mut frame).unwrap();
+        raw.send(*now, b.dev.ip(), &frame).unwrap();
+        *now += Duration::from_micros(10);
+        b.dev.progress(*now).unwrap();
+        *now += Duration::from_micros(10);
+        let mut buf = vec![0u8; 256];
+        while let Some(r) = raw.recv(*now, &mut buf).unwrap() {
+            let p = packet::parse_unchecked(&buf[..r.len]).unwrap();
+            out.push((p.headers.aeth.unwrap().syndrome, p.headers.bth.psn));
+        }
+    }
+    out
+}
+
+#[test]
+fn hostile_placement_requests_are_refused_checked_or_fail_the_qp() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let b = node(&net, 2, on_path(s, SingleCopy::Auto), 16384);
+    let mut raw = net.attach(ip(1));
+    let nonce = raw.local_peer().unwrap().nonce;
+    b.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE }).unwrap();
+    let rtr = |qp: &SoftQp| {
+        qp.modify(&QpModify::Rtr {
+            path_mtu: Mtu::Mtu4096,
+            dest_qpn: 0x1234,
+            rq_psn: 100,
+            dest: PortAddr::from_ipv4(ip(1)),
+            max_dest_rd_atomic: 0,
+            min_rnr_timer: 1,
+        })
+        .unwrap()
+    };
+    rtr(&b.qp);
+    let src = vec![0xabu8; 8192];
+    let at = src.as_ptr() as u64;
+    let mut now = Instant::ZERO;
+    let ack = |psn| (Syndrome::Ack { credit_code: 0x1f }, psn);
+    let nak = |code, psn| (Syndrome::Nak(code), psn);
+    let got = hostile_placed(
+        &b,
+        &mut raw,
+        &mut now,
+        &[
+            // Placed from this process (the sim's ports all live here): 2 PSNs.
+            (100, nonce, 8192, vec![(at, 4096), (at + 4096, 4096)]),
+            // A replay: a duplicate, re-acknowledged, not copied again.
+            (100, nonce, 8192, vec![(at, 8192)]),
+            // Another identity than the registry's: refused, the requester would use the wire.
+            (102, nonce ^ 1, 8, vec![(at, 8)]),
+            // Gather addresses the requester does not have: EFAULT, a remote operational error.
+            (102, nonce, 8, vec![(8, 8)]),
+        ],
+    );
+    assert_eq!(
+        got,
+        vec![
+            ack(101),
+            ack(101),
+            nak(NakCode::PlacementRefused, 102),
+            nak(NakCode::RemoteOperationalError, 102)
+        ],
+        "seed {s}"
+    );
+    assert_eq!(b.buf.buf().to_vec(0, 8192).unwrap(), src);
+    let st = b.dev.stats();
+    assert_eq!((st.placed_writes, st.placed_bytes, st.placed_refused, st.duplicates), (1, 8192, 1, 1));
+    assert_eq!(b.qp.state(), QpState::Err);
+
+    // Lengths that do not add up, and a range outside the region: nothing is copied.
+    for (dma_len, sges, code) in [
+        (100, vec![(at, 8192)], NakCode::InvalidRequest),
+        (16385, vec![(at, 8192), (at, 8192), (at, 1)], NakCode::RemoteAccessError),
+    ] {
+        b.buf.buf().fill(0);
+        b.qp.modify(&QpModify::Reset).unwrap();
+        b.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE }).unwrap();
+        rtr(&b.qp);
+        let got = hostile_placed(&b, &mut raw, &mut now, &[(100, nonce, dma_len, sges)]);
+        assert_eq!(got, vec![nak(code, 100)], "seed {s}");
+        assert!(b.buf.buf().to_vec(0, 16384).unwrap().iter().all(|&x| x == 0));
+        assert_eq!(b.qp.state(), QpState::Err);
+    }
 }
