@@ -845,13 +845,16 @@ fn a_responder_with_single_copy_off_refuses_and_the_wire_takes_over() {
     assert_eq!(sa.timeouts, 0, "seed {s}: the refusal costs no timeout");
 }
 
-/// Sends `frame`-building requests from a raw port at ip(1) to a QP of `b` in RTR and returns
+/// One crafted placement request: PSN, nonce, RETH length, gather list.
+type Crafted = (u32, u64, u32, Vec<(u64, u32)>);
+
+/// Sends crafted placement requests from a raw port at ip(1) to a QP of `b` in RTR and returns
 /// the (syndrome, PSN) of each response.
 fn hostile_placed(
     b: &Node,
     raw: &mut SimPort,
     now: &mut Instant,
-    requests: &[(u32, u64, u32, Vec<(u64, u32)>)],
+    requests: &[Crafted],
 ) -> Vec<(Syndrome, u32)> {
     let meta = IcrcMeta::new(ip(1), b.dev.ip(), packet::ROCEV2_UDP_PORT, packet::ROCEV2_UDP_PORT);
     let mut out = Vec::new();
