@@ -6,7 +6,7 @@
 //! The requester does not cut such a WRITE into payload packets. It sends one small vendor
 //! request, [`Opcode::RcPlacedWrite`](super::packet::Opcode::RcPlacedWrite) (0xF0, `+Imm`
 //! 0xF1), in the QP's normal RC stream: BTH + RETH (remote address, R_Key, length) + ImmDt if
-//! any, and a payload ([`PlacedWrite`]) with the requester's identity nonce, the number of PSNs
+//! any, and a payload (`PlacedWrite`) with the requester's identity nonce, the number of PSNs
 //! the request takes, and its gather list as virtual addresses of the requester's process. The
 //! request takes exactly the PSNs the WRITE would take on the wire, so it is ordered,
 //! acknowledged, retransmitted and duplicate-suppressed like any request, and the wire path can
@@ -16,7 +16,7 @@
 //! wire WRITE: QP access, then key, PD, REMOTE_WRITE and the whole range against its MR table
 //! (a failure is the same remote access NAK, `REM_ACCESS_ERR` at the requester, not a byte
 //! written), and then copies the data with one `process_vm_readv` from the requester's process
-//! into the checked range ([`super::mem::MrTable::write_from_process`]). The check and the copy
+//! into the checked range (`MrTable::write_from_process` in [`super::mem`]). The check and the copy
 //! happen under the lock deregistration takes, so the region cannot go away in between. The
 //! requester's buffers stay valid until the WRITE completes, which needs the ACK, which is sent
 //! only after the copy. A SEND after the WRITE has a later PSN, so its data is in place first.

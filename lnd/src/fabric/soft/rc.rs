@@ -21,6 +21,11 @@
 //!   REMOTE_WRITE, whole range) on their first packet, before a byte lands; a failure NAKs with
 //!   a remote access error and both QPs go to ERR. The first valid packet in RTR raises
 //!   `COMM_EST`. ACKs are coalesced until the device asks for frames.
+//! * **Same host** ([`super::place`]): when the device gave the QP a placement nonce at RTR, a
+//!   WRITE with data leaves as one placement request taking the WRITE's PSNs; it counts as one
+//!   packet against `max_inflight`. The responder executes it in PSN order like a WRITE's
+//!   first packet (same checks, same NAKs) and then copies; a `PlacementRefused` NAK rewinds to
+//!   its PSN without spending a retry, and the QP sends by the wire from then on.
 //! * **Errors**: any error moves the QP to ERR; every outstanding work request then completes
 //!   with `WR_FLUSH_ERR` (unsignaled ones included), in order.
 
