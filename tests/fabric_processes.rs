@@ -21,5 +21,8 @@ fn two_processes_move_256_mib_of_rdma_writes_each_named_by_a_send() {
     assert!(t.success && i.success, "target: {t:?}\ninitiator: {i:?}");
     assert!(t.stdout.contains(&format!("verified {messages} messages, {} bytes", messages * size)), "{t:?}");
     assert!(i.stdout.contains("MiB/s"), "{i:?}");
+    // Same host: placed with one copy unless LND_SOFT_SINGLE_COPY=0 (or the kernel refuses).
+    lnd_tests::assert_write_path(&t.stdout);
+    lnd_tests::assert_write_path(&i.stdout);
     println!("{}", i.stdout.trim());
 }

@@ -55,6 +55,7 @@ fn two_processes_move_1_gib_by_put_verified() {
     let (s, c) = pair(unique_port(1), "put", 1 << 20, 1024, 8);
     assert!(s.success && c.success, "server {s:?}\nclient {c:?}");
     assert!(s.stdout.contains("verified 1024 PUTs"), "{s:?}");
+    lnd_tests::assert_write_path(&c.stdout);
     println!("{}", c.stdout.trim());
 }
 
@@ -63,5 +64,6 @@ fn two_processes_move_1_gib_by_get_verified() {
     let (s, c) = pair(unique_port(2), "get", 1 << 20, 1024, 8);
     assert!(s.success && c.success, "server {s:?}\nclient {c:?}");
     assert!(s.stdout.contains("and 1024 GETs"), "{s:?}");
+    lnd_tests::assert_write_path(&c.stdout);
     println!("{}", c.stdout.trim());
 }

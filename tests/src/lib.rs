@@ -133,3 +133,50 @@ pub fn unique_port(offset: u16) -> u16 {
     let slot = (std::process::id() % 5000) as u16;
     20_000 + slot * 8 + offset % 8
 }
+
+/// What the software device's same-host path should do between two test processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WritePath {
+    /// RDMA WRITEs placed with one copy (`LND_SOFT_SINGLE_COPY` unset or 1).
+    SingleCopy,
+    /// The kernel forbids sibling processes to read each other (Yama `ptrace_scope` ≥ 1): the
+    /// single-copy path is tried, refused, and the WRITEs go by the wire.
+    Refused,
+    /// Everything on the wire (`LND_SOFT_SINGLE_COPY=0`).
+    Wire,
+}
+
+/// The path this environment should take (see [`WritePath`]).
+pub fn expected_write_path() -> WritePath {
+    if lnd::fabric::soft::SingleCopy::from_env() == lnd::fabric::soft::SingleCopy::Off {
+        return WritePath::Wire;
+    }
+    let yama = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok();
+    match yama.as_deref().map(str::trim) {
+        None | Some("0") => WritePath::SingleCopy,
+        Some(_) => WritePath::Refused,
+    }
+}
+
+/// The number after `key ` in `text` (e.g. `placed 12` → 12), if there is one.
+pub fn counter(text: &str, key: &str) -> Option<u64> {
+    let at = text.find(&format!("{key} "))? + key.len() + 1;
+    text.get(at..)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// Asserts that the placement counters a test process printed (`placed N`, `refused N`) match
+/// the path this environment should take, so a silently skipped single-copy path fails.
+///
+/// # Panics
+/// When they do not.
+pub fn assert_write_path(output: &str) {
+    let placed = counter(output, "placed").unwrap_or_else(|| panic!("no placement counter in {output:?}"));
+    let refused = counter(output, "refused").unwrap_or_else(|| panic!("no refusal counter in {output:?}"));
+    match expected_write_path() {
+        WritePath::SingleCopy => assert!(placed > 0 && refused == 0, "single copy not taken: {output}"),
+        WritePath::Refused => assert!(refused > 0, "single copy not tried: {output}"),
+        WritePath::Wire => {
+            assert_eq!((placed, refused), (0, 0), "placed with LND_SOFT_SINGLE_COPY=0: {output}")
+        }
+    }
+}

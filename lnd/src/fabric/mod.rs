@@ -72,6 +72,16 @@ pub struct FabricStats {
     pub mads_sent: u64,
     /// Management datagrams received.
     pub mads_received: u64,
+    /// Same-host RDMA WRITEs sent as one placement request instead of payload packets (first
+    /// transmissions; the software device's single-copy path).
+    pub placed_sent: u64,
+    /// Same-host RDMA WRITEs this device placed into its registered memory with one copy.
+    pub placed_writes: u64,
+    /// Bytes of those placed WRITEs.
+    pub placed_bytes: u64,
+    /// Placement requests refused (sent or received `PlacementRefused`): the WRITE went by the
+    /// wire instead.
+    pub placed_refused: u64,
 }
 
 /// An opened RDMA device port: the root of the object graph (`ibv_context` + port).

@@ -268,7 +268,14 @@ fn drive(a: &Args) -> Result<(), String> {
         a.window,
         mib / secs,
         first_done.map_or(0.0, |t| t.saturating_duration_since(t0).as_secs_f64()),
-        stats.map(|s| format!(", retransmits {}", s.fabric.retransmits)).unwrap_or_default()
+        stats
+            .map(|s| format!(
+                ", retransmits {}, single copy: placed {}, refused {}",
+                s.fabric.retransmits,
+                s.fabric.placed_sent + s.fabric.placed_writes,
+                s.fabric.placed_refused
+            ))
+            .unwrap_or_default()
     );
     driver.shutdown();
     Ok(())

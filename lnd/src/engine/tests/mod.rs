@@ -14,7 +14,7 @@ use lnet_shim::nid::{Nid, ProcessId};
 
 use super::{Engine, EngineConfig};
 use crate::fabric::Device;
-use crate::fabric::soft::{FaultConfig, SimNet, SoftConfig, SoftDevice};
+use crate::fabric::soft::{FaultConfig, SimNet, SingleCopy, SoftConfig, SoftDevice};
 use crate::rng::Rng;
 use crate::time::Instant;
 use crate::tunables::Tunables;
@@ -410,6 +410,7 @@ fn put_and_get_by_rdma_write() {
     assert!(dst.to_vec(0, len).unwrap().iter().enumerate().all(|(i, &x)| x == pattern_byte(11, i)));
     assert!(sim.nodes[0].engine.stats().rdma_bytes >= len as u64);
     assert!(sim.nodes[1].engine.stats().rdma_bytes >= len as u64);
+    assert_write_path(&sim);
 }
 
 /// Asserts, for every connected pair, that one side's credits plus the other side's owed
@@ -657,6 +658,22 @@ impl Workload {
     }
 }
 
+/// Asserts that the RDMA WRITEs took the path `LND_SOFT_SINGLE_COPY` chose (every simulated
+/// device is on one host): placed with one copy by default, all on the wire with `=0`. A run
+/// that should use the single-copy path and silently did not fails here.
+pub(crate) fn assert_write_path(sim: &Sim) {
+    let placed: u64 = sim.nodes.iter().map(|n| n.engine.device().stats().placed_writes).sum();
+    let sent: u64 = sim.nodes.iter().map(|n| n.engine.device().stats().placed_sent).sum();
+    match SingleCopy::from_env() {
+        SingleCopy::Auto => {
+            assert!(placed > 0 && sent > 0, "seed {}: the single-copy path was not taken", sim.seed)
+        }
+        SingleCopy::Off => {
+            assert_eq!((placed, sent), (0, 0), "seed {}: WRITEs placed with LND_SOFT_SINGLE_COPY=0", sim.seed)
+        }
+    }
+}
+
 /// Lets keepalives return every owed credit, then checks credits and descriptors are home.
 pub(crate) fn settle_and_check(sim: &mut Sim) {
     sim.run_for(Duration::from_secs(2 * u64::from(tunables().keepalive) + 5));
@@ -682,6 +699,7 @@ fn ten_thousand_mixed_transfers_between_two_engines_every_byte_verified() {
     let mut w = Workload::new(s, 10_000, 24, 1 << 20);
     w.run(&mut sim, 20_000_000);
     assert_eq!((w.verified, w.failed), (10_000, 0), "seed {s}");
+    assert_write_path(&sim);
     settle_and_check(&mut sim);
 }
 
@@ -700,6 +718,7 @@ fn mixed_transfers_among_eight_engines_every_byte_verified() {
     let mut w = Workload::new(s, 10_000, 48, 1 << 20);
     w.run(&mut sim, 20_000_000);
     assert_eq!((w.verified, w.failed), (10_000, 0), "seed {s}");
+    assert_write_path(&sim);
     settle_and_check(&mut sim);
 }
 

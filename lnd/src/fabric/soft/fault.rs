@@ -311,6 +311,14 @@ impl Wire for FaultyWire {
         self.inner.readable();
     }
 
+    fn local_peer(&self) -> Option<super::place::LocalPeer> {
+        self.inner.local_peer()
+    }
+
+    fn lookup_peer(&self, ip: Ipv4Addr) -> Option<super::place::LocalPeer> {
+        self.inner.lookup_peer(ip)
+    }
+
     fn next_deadline(&self) -> Option<Instant> {
         let held = Instant::min_deadline(
             self.tx_held.keys().next().map(|k| k.0),

@@ -1,5 +1,6 @@
 //! Registered memory: the software device's MR table, and the only code in it that touches
-//! caller memory.
+//! caller memory (by `memcpy`, or by `process_vm_readv` for the same-host path of
+//! [`super::place`]).
 //!
 //! A region is an `(addr, len, pd, access)` entry found by its key. Every access names a key,
 //! a protection domain, an address range and the access it needs; the table checks all four
@@ -26,6 +27,19 @@ pub(crate) enum MemFault {
     /// The range is not inside the region (or overflows).
     Range,
 }
+
+/// Why a same-host placement ([`MrTable::write_from_process`]) failed.
+#[derive(Debug)]
+pub(crate) enum PlaceFault {
+    /// The target range failed the MR check; nothing was written.
+    Mem(MemFault),
+    /// `process_vm_readv` failed (`EPERM`, `ESRCH`, `EFAULT`, ...); part of the range may hold
+    /// new bytes, as after an interrupted RDMA WRITE.
+    Os(std::io::Error),
+}
+
+/// Most iovecs one `process_vm_readv` takes (`UIO_MAXIOV`).
+const MAX_IOV: usize = 1024;
 
 #[derive(Clone, Copy, Debug)]
 struct MrEntry {
@@ -164,6 +178,74 @@ impl MrTable {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as usize as *mut u8, data.len()) };
         Ok(())
     }
+
+    /// Checks `len` bytes at `addr` against a region `key` of PD `pd` with no access flag (a
+    /// local gather list about to be named in a placement request).
+    pub(crate) fn check_local(&self, pd: u32, key: u32, addr: u64, len: u64) -> Result<(), MemFault> {
+        let len = usize::try_from(len).map_err(|_| MemFault::Range)?;
+        self.check(pd, key, addr, len, Access::NONE).map(|_| ())
+    }
+
+    /// Fills `len` bytes at `addr` under `key` (REMOTE_WRITE, PD `pd`) with one copy from the
+    /// memory of process `pid`: the gather list `remote` (address in that process, length),
+    /// whose lengths add up to `len`. The same-host RDMA WRITE of [`super::place`].
+    pub(crate) fn write_from_process(
+        &self,
+        pd: u32,
+        key: u32,
+        addr: u64,
+        len: u64,
+        pid: u32,
+        remote: &[(u64, u64)],
+    ) -> Result<(), PlaceFault> {
+        let ulen = usize::try_from(len).map_err(|_| PlaceFault::Mem(MemFault::Range))?;
+        self.check(pd, key, addr, ulen, Access::REMOTE_WRITE).map_err(PlaceFault::Mem)?;
+        let pid = libc::pid_t::try_from(pid)
+            .map_err(|_| PlaceFault::Os(std::io::Error::from_raw_os_error(libc::ESRCH)))?;
+        let mut done = 0usize;
+        while done < ulen {
+            // The remote iovecs from byte `done` of the gather list on.
+            let mut skip = done as u64;
+            let mut riov = Vec::with_capacity(remote.len().min(MAX_IOV));
+            for &(raddr, rlen) in remote {
+                if riov.len() == MAX_IOV {
+                    break;
+                }
+                if skip >= rlen {
+                    skip -= rlen;
+                    continue;
+                }
+                let base = raddr
+                    .checked_add(skip)
+                    .ok_or(PlaceFault::Os(std::io::Error::from_raw_os_error(libc::EFAULT)))?;
+                let n = usize::try_from(rlen - skip).map_err(|_| PlaceFault::Mem(MemFault::Range))?;
+                riov.push(libc::iovec { iov_base: base as usize as *mut libc::c_void, iov_len: n });
+                skip = 0;
+            }
+            let local = libc::iovec {
+                iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
+                iov_len: ulen - done,
+            };
+            // SAFETY: `check` found a live region containing addr..addr+len, valid for writes
+            // while registered (the caller promised at `reg_mr` not to hold references into it
+            // while the device may write), and deregistration needs the device lock our caller
+            // holds; the local iovec covers only the unwritten rest of that range, so the kernel
+            // writes nowhere else. The remote iovecs are addresses in another process (or this
+            // one): the kernel checks them and fails with EFAULT rather than touching anything
+            // unmapped; it only reads them. Both iovec arrays are live locals for the call.
+            let n = unsafe {
+                libc::process_vm_readv(pid, &local, 1, riov.as_ptr(), riov.len() as libc::c_ulong, 0)
+            };
+            if n < 0 {
+                return Err(PlaceFault::Os(std::io::Error::last_os_error()));
+            }
+            if n == 0 {
+                return Err(PlaceFault::Os(std::io::Error::from_raw_os_error(libc::EFAULT)));
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -196,6 +278,33 @@ mod tests {
         assert_eq!(t.read(1, key, base, &mut out), Err(MemFault::BadKey));
         assert_eq!(t.live(), 1);
         drop(buf);
+    }
+
+    #[test]
+    fn placement_copies_from_a_process_only_into_a_checked_range() {
+        let mut rng = Rng::new(3);
+        let mut t = MrTable::new(8);
+        let mut dst = vec![0u8; 64];
+        let base = dst.as_mut_ptr() as u64;
+        let key = t.register(1, base, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE, &mut rng).unwrap();
+        let src: Vec<u8> = (0..48).collect();
+        let (a, b) = (src.as_ptr() as u64, src.as_ptr() as u64 + 40);
+        let me = std::process::id();
+        t.write_from_process(1, key, base + 8, 48, me, &[(a, 40), (b, 8)]).unwrap();
+        assert_eq!(&dst[8..56], &src[..]);
+        assert_eq!(&dst[..8], &[0; 8]);
+        assert_eq!(&dst[56..], &[0; 8]);
+        let range = t.write_from_process(1, key, base + 32, 48, me, &[(a, 48)]);
+        assert!(matches!(range, Err(PlaceFault::Mem(MemFault::Range))));
+        let pd = t.write_from_process(2, key, base, 8, me, &[(a, 8)]);
+        assert!(matches!(pd, Err(PlaceFault::Mem(MemFault::WrongPd))));
+        // Requester addresses that are not mapped: EFAULT from the kernel, not a crash.
+        let bad = t.write_from_process(1, key, base, 8, me, &[(8, 8)]);
+        assert!(matches!(bad, Err(PlaceFault::Os(e)) if e.raw_os_error() == Some(libc::EFAULT)));
+        // A gather list shorter than the length.
+        let short = t.write_from_process(1, key, base, 16, me, &[(a, 8)]);
+        assert!(matches!(short, Err(PlaceFault::Os(_))));
+        drop(dst);
     }
 
     #[test]

@@ -15,7 +15,15 @@
 //! * device limits: max QPs, WRs per queue, SGEs, CQEs, MRs, and a total work-queue-entry
 //!   budget (the HCA's memory), so QP creation fails with [`FabricError::Resource`] and
 //!   succeeds when retried smaller;
-//! * seeded fault injection per direction ([`fault`]).
+//! * seeded fault injection per direction ([`fault`]);
+//! * the **same-host single-copy path** ([`place`]): an RDMA WRITE to a port on the same host
+//!   (loopback addresses; every port of a [`SimNet`]) travels as one small vendor request in
+//!   the RC stream, and the responder, after the usual key/PD/access/range check under its
+//!   lock, copies the payload with one `process_vm_readv` from the requester's process straight
+//!   into its registered memory. Peers find each other's process through a per-user registry
+//!   ([`registry`]), never through a packet; a kernel refusal (`EPERM`, e.g. Yama) falls back to
+//!   the wire for that peer. [`SoftConfig::single_copy`] or `LND_SOFT_SINGLE_COPY=0|1` choose
+//!   the path; `FabricStats::placed_*` count it.
 //!
 //! What it does not: RDMA READ and atomics, UD QPs beyond the GSI, SRQs, memory windows,
 //! P_Key tables, multiple ports, congestion control (CNPs are ignored).
@@ -28,7 +36,9 @@ pub mod cq;
 pub mod fault;
 pub mod mem;
 pub mod packet;
+pub mod place;
 pub mod rc;
+pub mod registry;
 pub mod sim;
 pub mod wire;
 
@@ -40,6 +50,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub use cq::SoftCq;
 pub use fault::{DirFaults, FaultConfig, FaultStats};
+pub use place::{LocalPeer, SingleCopy};
 pub use sim::{SimNet, SimPort};
 pub use wire::{UdpWire, Wire};
 
@@ -47,7 +58,8 @@ use self::cq::CqShared;
 use self::fault::FaultyWire;
 use self::mem::MrTable;
 use self::packet::{Bth, Deth, Headers, IcrcMeta, Opcode, PacketError};
-use self::rc::{Completion, CqSel, RcQp};
+use self::place::Placement;
+use self::rc::{Completion, CqSel, PlaceCtx, RcQp};
 use crate::fabric::{
     Access, AsyncEvent, Device, DeviceAttr, FabricError, FabricStats, Mad, MemoryRegion, Mtu, PortAddr,
     PortAttr, PortState, ProtectionDomain, QpCaps, QpInitAttr, QpModify, QpState, QueuePair, RecvWr, SendWr,
@@ -114,6 +126,9 @@ pub struct SoftConfig {
     pub max_inflight: u32,
     /// The UDP port of the fabric (4791, RoCEv2's; tests may choose another).
     pub udp_port: u16,
+    /// Whether RDMA WRITEs to ports on the same host move with one copy ([`place`]). The
+    /// default is [`SingleCopy::from_env`]: `Auto` unless `LND_SOFT_SINGLE_COPY=0`.
+    pub single_copy: SingleCopy,
 }
 
 impl Default for SoftConfig {
@@ -126,6 +141,7 @@ impl Default for SoftConfig {
             seed: crate::rng::os_seed(),
             max_inflight: 256,
             udp_port: packet::ROCEV2_UDP_PORT,
+            single_copy: SingleCopy::from_env(),
         }
     }
 }
@@ -268,6 +284,7 @@ struct DevState {
     gsi_psn: u32,
     events: VecDeque<AsyncEvent>,
     stats: FabricStats,
+    place: Placement,
     batch: TxBatch,
     rx_buf: Vec<u8>,
     scratch: Vec<Completion>,
@@ -323,12 +340,18 @@ pub struct LiveCounts {
 impl SoftDevice {
     /// Opens a device whose port is `ip` on real UDP sockets (`ip:udp_port`).
     pub fn open_udp(ip: Ipv4Addr, config: SoftConfig) -> Result<SoftDevice, FabricError> {
-        let wire = UdpWire::bind(ip, config.udp_port).map_err(|e| {
+        let mut wire = UdpWire::bind(ip, config.udp_port).map_err(|e| {
             FabricError::io(
                 "bind RoCEv2 UDP socket",
                 std::io::Error::new(e.kind(), format!("{ip}:{}: {e}", config.udp_port)),
             )
         })?;
+        if config.single_copy == SingleCopy::Auto {
+            // Without an entry peers cannot find this process: the wire is used, nothing breaks.
+            if let Err(e) = wire.publish(crate::rng::os_seed()) {
+                eprintln!("lnd: {}: single-copy off: cannot publish {ip} in the registry: {e}", config.name);
+            }
+        }
         Ok(SoftDevice::with_wire(Box::new(wire), config))
     }
 
@@ -369,6 +392,7 @@ impl SoftDevice {
             addr: PortAddr::from_ipv4(ip),
         };
         let first_qpn = 2 + (rng.next_u32() & 0x7f_ffff);
+        let place = Placement::new(&config.name, config.single_copy, wire.local_peer());
         let state = DevState {
             wire: FaultyWire::new(wire, config.faults, fault_seed),
             mrs: MrTable::new(l.max_mr),
@@ -387,6 +411,7 @@ impl SoftDevice {
             gsi_psn: 0,
             events: VecDeque::new(),
             stats: FabricStats::default(),
+            place,
             batch: TxBatch::default(),
             rx_buf: vec![0u8; RX_BUFFER],
             scratch: Vec::new(),
@@ -421,6 +446,13 @@ impl SoftDevice {
     /// What fault injection has done so far.
     pub fn fault_stats(&self) -> FaultStats {
         self.shared.lock().wire.stats()
+    }
+
+    /// Test hook: the same-host copies of this device (as the responder) fail with `errno`
+    /// (`None` restores them), as when the kernel forbids `process_vm_readv`.
+    #[doc(hidden)]
+    pub fn force_placement_errno(&self, errno: Option<i32>) {
+        self.shared.lock().place.force_errno(errno);
     }
 
     /// Live objects, for leak checks.
@@ -553,9 +585,15 @@ impl DevState {
             }
             return;
         }
-        let DevState { qps, mrs, stats, .. } = self;
+        let DevState { qps, mrs, stats, place, wire, .. } = self;
         match qps.get_mut(&dqp) {
-            Some(e) => e.rc.on_packet(now, src, &pkt, mrs, stats),
+            Some(e) => {
+                let refused = e.rc.place_refused();
+                e.rc.on_packet(now, src, &pkt, mrs, stats, &mut PlaceCtx { place, wire });
+                if !refused && e.rc.place_refused() {
+                    place.refused_by(src);
+                }
+            }
             None => {
                 stats.malformed += 1;
                 return;
@@ -967,7 +1005,14 @@ impl QueuePair for SoftQp {
     }
 
     fn modify(&self, m: &QpModify) -> Result<(), FabricError> {
-        let r = self.with(|_, e| e.rc.modify(m))?;
+        let r = self.with(|s, e| {
+            let r = e.rc.modify(m);
+            if r.is_ok() && matches!(m, QpModify::Rtr { .. }) {
+                let nonce = e.rc.dest_ip().and_then(|ip| s.place.route(&s.wire, ip));
+                e.rc.set_place(nonce);
+            }
+            r
+        })?;
         self.shared.lock().after_qp(self.qpn, None);
         r
     }

@@ -13,7 +13,10 @@
 //! * the **opcode table** ([`Opcode`]): RC SEND and RDMA WRITE (every FIRST/MIDDLE/LAST/ONLY
 //!   form, with and without immediate), RC ACK, and UD SEND ONLY (the GSI/CM transport). Every
 //!   other opcode IBTA defines (READ, atomics, UC, RD, XRC, CNP, ...) is recognised and refused
-//!   with [`PacketError::UnsupportedOpcode`]; the rest are [`PacketError::UnknownOpcode`];
+//!   with [`PacketError::UnsupportedOpcode`]; the rest are [`PacketError::UnknownOpcode`],
+//!   except two of the manufacturer-specific range, 0xF0/0xF1, the software device's own
+//!   same-host placed WRITE ([`Opcode::RcPlacedWrite`]; see `super::place`), and NAK code 31
+//!   ([`NakCode::PlacementRefused`]) that answers it;
 //! * the **pad**: `payload + pad` is a multiple of 4 ([`pad_len`]); the BTH pad count says how
 //!   many zero bytes follow the payload;
 //! * the **ICRC** ([`icrc`], [`seal`], [`parse`]): IEEE CRC-32 over 8 bytes of `0xFF`, the
@@ -115,6 +118,12 @@ pub enum Opcode {
     UdSendOnly = 0x64,
     /// UD SEND ONLY with immediate data (DETH + ImmDt).
     UdSendOnlyImm = 0x65,
+    /// Vendor (manufacturer-specific range): an RC RDMA WRITE the responder places itself on
+    /// the same host. RETH + a payload naming the requester's gather list
+    /// (`super::place::PlacedWrite`); it takes the PSNs the WRITE would take on the wire.
+    RcPlacedWrite = 0xf0,
+    /// Vendor: [`Opcode::RcPlacedWrite`] with immediate data (RETH + ImmDt).
+    RcPlacedWriteImm = 0xf1,
 }
 
 impl Opcode {
@@ -139,6 +148,8 @@ impl Opcode {
             0x11 => Opcode::RcAck,
             0x64 => Opcode::UdSendOnly,
             0x65 => Opcode::UdSendOnlyImm,
+            0xf0 => Opcode::RcPlacedWrite,
+            0xf1 => Opcode::RcPlacedWriteImm,
             _ if is_known_ibta_opcode(b) => return Err(PacketError::UnsupportedOpcode(b)),
             _ => return Err(PacketError::UnknownOpcode(b)),
         })
@@ -151,7 +162,14 @@ impl Opcode {
 
     /// Whether packets with this opcode carry a RETH (WRITE FIRST / ONLY / ONLY+IMM).
     pub const fn has_reth(self) -> bool {
-        matches!(self, Opcode::RcWriteFirst | Opcode::RcWriteOnly | Opcode::RcWriteOnlyImm)
+        matches!(
+            self,
+            Opcode::RcWriteFirst
+                | Opcode::RcWriteOnly
+                | Opcode::RcWriteOnlyImm
+                | Opcode::RcPlacedWrite
+                | Opcode::RcPlacedWriteImm
+        )
     }
 
     /// Whether packets with this opcode carry immediate data.
@@ -163,6 +181,7 @@ impl Opcode {
                 | Opcode::RcWriteLastImm
                 | Opcode::RcWriteOnlyImm
                 | Opcode::UdSendOnlyImm
+                | Opcode::RcPlacedWriteImm
         )
     }
 
@@ -214,6 +233,8 @@ impl Opcode {
                 | Opcode::RcWriteOnlyImm
                 | Opcode::UdSendOnly
                 | Opcode::UdSendOnlyImm
+                | Opcode::RcPlacedWrite
+                | Opcode::RcPlacedWriteImm
         )
     }
 
@@ -231,7 +252,14 @@ impl Opcode {
                 | Opcode::RcWriteOnlyImm
                 | Opcode::UdSendOnly
                 | Opcode::UdSendOnlyImm
+                | Opcode::RcPlacedWrite
+                | Opcode::RcPlacedWriteImm
         )
+    }
+
+    /// A vendor placed WRITE ([`Opcode::RcPlacedWrite`], [`Opcode::RcPlacedWriteImm`]).
+    pub const fn is_placed(self) -> bool {
+        matches!(self, Opcode::RcPlacedWrite | Opcode::RcPlacedWriteImm)
     }
 
     /// The length of the BTH plus the extension headers this opcode carries.
@@ -415,6 +443,10 @@ pub enum NakCode {
     RemoteOperationalError,
     /// 4: invalid RD request (RD only; never sent on RC).
     InvalidRdRequest,
+    /// Vendor code 31 (reserved by IBTA): the responder cannot place this same-host WRITE
+    /// (`super::place`); the requester sends it again from this PSN on the wire, without
+    /// spending a retry, and stops placing to this peer.
+    PlacementRefused,
 }
 
 impl NakCode {
@@ -425,6 +457,7 @@ impl NakCode {
             NakCode::RemoteAccessError => 2,
             NakCode::RemoteOperationalError => 3,
             NakCode::InvalidRdRequest => 4,
+            NakCode::PlacementRefused => 31,
         }
     }
 
@@ -435,6 +468,7 @@ impl NakCode {
             2 => Some(NakCode::RemoteAccessError),
             3 => Some(NakCode::RemoteOperationalError),
             4 => Some(NakCode::InvalidRdRequest),
+            31 => Some(NakCode::PlacementRefused),
             _ => None,
         }
     }
@@ -994,7 +1028,7 @@ pub enum PacketError {
 mod tests {
     use super::*;
 
-    const ALL_OPCODES: [Opcode; 15] = [
+    const ALL_OPCODES: [Opcode; 17] = [
         Opcode::RcSendFirst,
         Opcode::RcSendMiddle,
         Opcode::RcSendLast,
@@ -1010,6 +1044,8 @@ mod tests {
         Opcode::RcAck,
         Opcode::UdSendOnly,
         Opcode::UdSendOnlyImm,
+        Opcode::RcPlacedWrite,
+        Opcode::RcPlacedWriteImm,
     ];
 
     fn hex(s: &str) -> Vec<u8> {
@@ -1221,13 +1257,15 @@ mod tests {
             (Opcode::RcAck, 16),
             (Opcode::UdSendOnly, 20),
             (Opcode::UdSendOnlyImm, 24),
+            (Opcode::RcPlacedWrite, 28),
+            (Opcode::RcPlacedWriteImm, 32),
         ];
         for (op, len) in lens {
             assert_eq!(op.header_len(), len, "{op:?}");
         }
         let firsts = ALL_OPCODES.iter().filter(|o| o.is_first()).count();
         let lasts = ALL_OPCODES.iter().filter(|o| o.is_last()).count();
-        assert_eq!((firsts, lasts), (8, 10));
+        assert_eq!((firsts, lasts), (10, 12));
         assert!(!Opcode::RcAck.is_first() && !Opcode::RcAck.is_last());
         assert!(!Opcode::RcSendMiddle.is_first() && !Opcode::RcSendMiddle.is_last());
 
@@ -1250,7 +1288,10 @@ mod tests {
         ] {
             assert_eq!(Opcode::from_u8(b), Err(PacketError::UnsupportedOpcode(b)), "{b:#x}");
         }
-        for b in [0x15, 0x18, 0x1b, 0x1e, 0x2c, 0x3f, 0x60, 0x63, 0x66, 0x80, 0x82, 0xb5, 0xc0, 0xe0, 0xff] {
+        for b in [
+            0x15, 0x18, 0x1b, 0x1e, 0x2c, 0x3f, 0x60, 0x63, 0x66, 0x80, 0x82, 0xb5, 0xc0, 0xe0, 0xef, 0xf2,
+            0xff,
+        ] {
             assert_eq!(Opcode::from_u8(b), Err(PacketError::UnknownOpcode(b)), "{b:#x}");
         }
     }
@@ -1267,7 +1308,8 @@ mod tests {
                 Err(e) => assert_eq!(e, PacketError::BadSyndrome(b)),
             }
         }
-        assert_eq!(ok, 32 + 32 + 5);
+        assert_eq!(ok, 32 + 32 + 6);
+        assert_eq!(Syndrome::from_u8(0x7f), Ok(Syndrome::Nak(NakCode::PlacementRefused)));
         assert_eq!(Syndrome::from_u8(0x1f), Ok(Syndrome::Ack { credit_code: 0x1f }));
         assert_eq!(Syndrome::from_u8(0x2e), Ok(Syndrome::RnrNak { timer: 14 }));
         assert_eq!(Syndrome::from_u8(0x60), Ok(Syndrome::Nak(NakCode::PsnSequenceError)));

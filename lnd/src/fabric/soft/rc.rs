@@ -21,6 +21,11 @@
 //!   REMOTE_WRITE, whole range) on their first packet, before a byte lands; a failure NAKs with
 //!   a remote access error and both QPs go to ERR. The first valid packet in RTR raises
 //!   `COMM_EST`. ACKs are coalesced until the device asks for frames.
+//! * **Same host** ([`super::place`]): when the device gave the QP a placement nonce at RTR, a
+//!   WRITE with data leaves as one placement request taking the WRITE's PSNs; it counts as one
+//!   packet against `max_inflight`. The responder executes it in PSN order like a WRITE's
+//!   first packet (same checks, same NAKs) and then copies; a `PlacementRefused` NAK rewinds to
+//!   its PSN without spending a retry, and the QP sends by the wire from then on.
 //! * **Errors**: any error moves the QP to ERR; every outstanding work request then completes
 //!   with `WR_FLUSH_ERR` (unsignaled ones included), in order.
 
@@ -30,6 +35,8 @@ use std::time::Duration;
 
 use super::mem::MrTable;
 use super::packet::{self, Aeth, Bth, Headers, NakCode, Opcode, Packet, Reth, Syndrome, psn_add, psn_diff};
+use super::place::{MAX_PLACED_SGES, PlacedWrite, Placement, Unplaced};
+use super::wire::Wire;
 use crate::fabric::{
     Access, AsyncEvent, FabricError, FabricStats, QpCaps, QpModify, QpState, RecvWr, SendOp, SendWr, Sge, Wc,
     WcOpcode, WcStatus,
@@ -46,6 +53,15 @@ const NO_CREDIT_INFO: u8 = 0x1f;
 /// per batch rather than one coalesced ACK means a single lost response does not cost the
 /// requester a whole retransmission timeout.
 const ACK_QUEUE_MAX: usize = 8;
+
+/// Most PSNs placed WRITEs may have outstanding (2^22: half the unambiguous PSN window).
+const PLACED_PSN_WINDOW: i64 = 1 << 22;
+
+/// What the responder needs to execute same-host placement requests ([`super::place`]).
+pub(crate) struct PlaceCtx<'a> {
+    pub(crate) place: &'a mut Placement,
+    pub(crate) wire: &'a dyn Wire,
+}
 
 /// Which of the QP's completion queues a completion goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,11 +91,21 @@ struct SendWqe {
     solicited: bool,
     first_psn: u32,
     npkts: u32,
+    /// Sent as one placement request, not yet acknowledged.
+    placed: bool,
 }
 
 impl SendWqe {
     fn last_psn(&self) -> u32 {
         psn_add(self.first_psn, self.npkts - 1)
+    }
+
+    /// Whether this WQE may go as a placement request (a WRITE with data, not inline).
+    fn placeable(&self) -> bool {
+        matches!(self.op, SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. })
+            && self.inline.is_none()
+            && self.len > 0
+            && self.sges.len() <= MAX_PLACED_SGES
     }
 
     fn wc_opcode(&self) -> WcOpcode {
@@ -117,6 +143,8 @@ enum InMsg {
 enum Refusal {
     Rnr,
     Nak(NakCode),
+    /// A placement request this responder cannot execute: the requester uses the wire.
+    Unplaceable,
 }
 
 /// One RC queue pair's transport state.
@@ -149,6 +177,12 @@ pub(crate) struct RcQp {
     rnr_left: u8,
     retx_timer: Option<Instant>,
     rnr_until: Option<Instant>,
+    /// The nonce for placement requests, when the peer is on the same host.
+    place_nonce: Option<u64>,
+    /// The peer refused a placement request: never place again on this QP.
+    place_refused: bool,
+    /// PSNs of placed WQEs in flight beyond their first (they cost no wire packets).
+    placed_extra: i64,
 
     // Responder.
     rq: VecDeque<RecvWqe>,
@@ -198,6 +232,9 @@ impl RcQp {
             rnr_left: 7,
             retx_timer: None,
             rnr_until: None,
+            place_nonce: None,
+            place_refused: false,
+            placed_extra: 0,
             rq: VecDeque::new(),
             epsn: 0,
             msn: 0,
@@ -212,6 +249,21 @@ impl RcQp {
 
     pub(crate) fn state(&self) -> QpState {
         self.state
+    }
+
+    /// The peer's address once the QP is in RTR.
+    pub(crate) fn dest_ip(&self) -> Option<Ipv4Addr> {
+        self.dest_ip
+    }
+
+    /// Places WRITEs with requests carrying `nonce` (`None`: the wire only).
+    pub(crate) fn set_place(&mut self, nonce: Option<u64>) {
+        self.place_nonce = nonce;
+    }
+
+    /// Whether the peer refused a placement request.
+    pub(crate) fn place_refused(&self) -> bool {
+        self.place_refused
     }
 
     /// `ibv_modify_qp`.
@@ -318,6 +370,7 @@ impl RcQp {
         }
         self.send_idx = 0;
         self.send_pkt = 0;
+        self.placed_extra = 0;
         self.in_msg = None;
         self.retx_timer = None;
         self.rnr_until = None;
@@ -388,6 +441,7 @@ impl RcQp {
             solicited: wr.flags.solicited,
             first_psn,
             npkts,
+            placed: false,
         });
         Ok(())
     }
@@ -436,7 +490,20 @@ impl RcQp {
         self.state == QpState::Rts
             && self.rnr_until.is_none_or(|t| now >= t)
             && self.send_psn != self.sq_next_psn
-            && (psn_diff(self.send_psn, self.una) as i64) < i64::from(self.max_inflight)
+            && self.window_open()
+    }
+
+    /// Whether the next packet fits the window: `max_inflight` wire packets, where a placement
+    /// request in flight counts as one, and placed PSNs within [`PLACED_PSN_WINDOW`].
+    fn window_open(&self) -> bool {
+        let outstanding = i64::from(psn_diff(self.send_psn, self.una));
+        outstanding - self.placed_extra < i64::from(self.max_inflight) && outstanding < PLACED_PSN_WINDOW
+    }
+
+    /// Whether the next packet would be a placement request.
+    fn next_is_placed(&self) -> Option<u64> {
+        let nonce = self.place_nonce.filter(|_| !self.place_refused)?;
+        (self.send_pkt == 0 && self.sq.get(self.send_idx)?.placeable()).then_some(nonce)
     }
 
     // ---------------------------------------------------------------- inbound
@@ -449,6 +516,7 @@ impl RcQp {
         pkt: &Packet<'_>,
         mem: &MrTable,
         stats: &mut FabricStats,
+        place: &mut PlaceCtx<'_>,
     ) {
         match self.state {
             QpState::Rtr | QpState::Rts => {}
@@ -465,11 +533,11 @@ impl RcQp {
             }
             return;
         }
-        if !(op.is_send() || op.is_write()) {
+        if !(op.is_send() || op.is_write() || op.is_placed()) {
             stats.malformed += 1;
             return;
         }
-        self.on_request(pkt, mem, stats);
+        self.on_request(src, pkt, mem, stats, place);
     }
 
     /// Queues a response; when the queue is full, newer ACKs replace an ACK at its tail.
@@ -492,7 +560,14 @@ impl RcQp {
         self.queue_ack(PendingAck::Ack { psn: psn_add(self.epsn, packet::PSN_MASK) });
     }
 
-    fn on_request(&mut self, pkt: &Packet<'_>, mem: &MrTable, stats: &mut FabricStats) {
+    fn on_request(
+        &mut self,
+        src: Ipv4Addr,
+        pkt: &Packet<'_>,
+        mem: &MrTable,
+        stats: &mut FabricStats,
+        place: &mut PlaceCtx<'_>,
+    ) {
         let bth = pkt.headers.bth;
         let d = psn_diff(bth.psn, self.epsn);
         if d < 0 {
@@ -513,10 +588,16 @@ impl RcQp {
             self.events.push(AsyncEvent::CommEst { qp_num: self.qpn });
         }
         let op = bth.opcode;
-        let result = if op.is_send() { self.rx_send(pkt, mem) } else { self.rx_write(pkt, mem) };
+        let result = if op.is_send() {
+            self.rx_send(pkt, mem).map(|()| 1)
+        } else if op.is_placed() {
+            self.rx_placed(src, pkt, mem, stats, place)
+        } else {
+            self.rx_write(pkt, mem).map(|()| 1)
+        };
         match result {
-            Ok(()) => {
-                self.epsn = psn_add(self.epsn, 1);
+            Ok(psns) => {
+                self.epsn = psn_add(self.epsn, psns);
                 self.nak_sent = false;
                 if op.is_last() {
                     self.msn = (self.msn + 1) & packet::PSN_MASK;
@@ -531,6 +612,13 @@ impl RcQp {
                 self.nak_sent = true;
                 self.queue_ack(PendingAck::Rnr { psn: bth.psn });
                 stats.rnr_naks += 1;
+            }
+            Err(Refusal::Unplaceable) => {
+                // Like an RNR NAK: the requester resends from this PSN (on the wire); what it
+                // already sent after it is out of sequence and dropped without another NAK.
+                self.nak_sent = true;
+                self.queue_ack(PendingAck::Nak { psn: bth.psn, code: NakCode::PlacementRefused });
+                stats.placed_refused += 1;
             }
             Err(Refusal::Nak(code)) => {
                 if code == NakCode::RemoteAccessError {
@@ -660,6 +748,57 @@ impl RcQp {
         Ok(())
     }
 
+    /// Executes a placement request (the responder side of [`super::place`]): the checks of
+    /// a WRITE's first packet, then one copy from the requester's process. Returns the PSNs
+    /// the request takes.
+    fn rx_placed(
+        &mut self,
+        src: Ipv4Addr,
+        pkt: &Packet<'_>,
+        mem: &MrTable,
+        stats: &mut FabricStats,
+        place: &mut PlaceCtx<'_>,
+    ) -> Result<u32, Refusal> {
+        let bth = pkt.headers.bth;
+        if self.in_msg.is_some() {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        let Some(reth) = pkt.headers.reth else {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        };
+        let w = PlacedWrite::parse(pkt.payload, reth.dma_len)
+            .map_err(|_| Refusal::Nak(NakCode::InvalidRequest))?;
+        if !self.qp_access.contains(Access::REMOTE_WRITE) {
+            return Err(Refusal::Nak(NakCode::RemoteAccessError));
+        }
+        let len = u64::from(reth.dma_len);
+        if mem.check_remote_write(self.pd, reth.rkey, reth.va, len).is_err() {
+            return Err(Refusal::Nak(NakCode::RemoteAccessError));
+        }
+        if bth.opcode.has_imm() && self.rq.is_empty() {
+            return Err(Refusal::Rnr);
+        }
+        place.place.place(place.wire, src, &w, mem, self.pd, reth.rkey, reth.va, len).map_err(
+            |e| match e {
+                Unplaced::Refused => Refusal::Unplaceable,
+                Unplaced::Access => Refusal::Nak(NakCode::RemoteAccessError),
+                Unplaced::Fault => Refusal::Nak(NakCode::RemoteOperationalError),
+            },
+        )?;
+        stats.placed_writes += 1;
+        stats.placed_bytes += len;
+        if bth.opcode.has_imm() {
+            self.complete_recv(
+                WcStatus::Success,
+                WcOpcode::RecvRdmaWithImm,
+                reth.dma_len,
+                pkt.headers.imm,
+                bth.solicited,
+            );
+        }
+        Ok(w.psn_count)
+    }
+
     fn on_ack(&mut self, now: Instant, pkt: &Packet<'_>, stats: &mut FabricStats) {
         let Some(aeth) = pkt.headers.aeth else {
             stats.malformed += 1;
@@ -710,6 +849,15 @@ impl RcQp {
                     }
                     NakCode::RemoteAccessError => self.fail_front(WcStatus::RemAccessErr),
                     NakCode::RemoteOperationalError => self.fail_front(WcStatus::RemOpErr),
+                    NakCode::PlacementRefused => {
+                        // Not an error: send it again from here on the wire (no retry spent).
+                        if !self.place_refused {
+                            self.place_refused = true;
+                            stats.placed_refused += 1;
+                        }
+                        self.rewind(p);
+                        self.arm_retx(now);
+                    }
                 }
             }
         }
@@ -731,6 +879,9 @@ impl RcQp {
             }
             if let Some(w) = self.sq.pop_front() {
                 popped += 1;
+                if w.placed {
+                    self.placed_extra -= i64::from(w.npkts) - 1;
+                }
                 if w.signaled {
                     self.completions.push(Completion {
                         cq: CqSel::Send,
@@ -763,7 +914,8 @@ impl RcQp {
         }
     }
 
-    /// Points the transmit cursor at the packet with PSN `send_psn`.
+    /// Points the transmit cursor at the packet with PSN `send_psn`; WQEs from there on count
+    /// as not sent (placed or not).
     fn relocate(&mut self) {
         self.send_idx = self.sq.len();
         self.send_pkt = 0;
@@ -772,9 +924,18 @@ impl RcQp {
             if off >= 0 && (off as u32) < w.npkts {
                 self.send_idx = i;
                 self.send_pkt = off as u32;
-                return;
+                break;
             }
         }
+        let mut extra = 0i64;
+        for (i, w) in self.sq.iter_mut().enumerate() {
+            if i >= self.send_idx {
+                w.placed = false;
+            } else if w.placed {
+                extra += i64::from(w.npkts) - 1;
+            }
+        }
+        self.placed_extra = extra;
     }
 
     fn rewind(&mut self, psn: u32) {
@@ -858,6 +1019,9 @@ impl RcQp {
             return None;
         }
         self.rnr_until = None;
+        if let Some(nonce) = self.next_is_placed() {
+            return self.transmit_placed(now, nonce, mem, buf, stats, dst);
+        }
         let idx = self.send_idx;
         let k = self.send_pkt;
         let psn = self.send_psn;
@@ -915,6 +1079,72 @@ impl RcQp {
         } else {
             self.send_pkt += 1;
         }
+        if self.retx_timer.is_none() {
+            self.arm_retx(now);
+        }
+        Some(TxFrame { len: packet::frame_len(&headers, plen), dst })
+    }
+}
+
+impl RcQp {
+    /// Writes the placement request for the WRITE at the transmit cursor: its RETH and
+    /// immediate, and the gather list (checked against the local keys, as a wire WRITE's
+    /// gather would be) as addresses in this process.
+    fn transmit_placed(
+        &mut self,
+        now: Instant,
+        nonce: u64,
+        mem: &MrTable,
+        buf: &mut [u8],
+        stats: &mut FabricStats,
+        dst: Ipv4Addr,
+    ) -> Option<TxFrame> {
+        let idx = self.send_idx;
+        let psn = self.send_psn;
+        let w = self.sq.get(idx)?;
+        let (opcode, va, rkey, imm) = match w.op {
+            SendOp::RdmaWrite { remote_addr, rkey } => (Opcode::RcPlacedWrite, remote_addr, rkey, None),
+            SendOp::RdmaWriteWithImm { remote_addr, rkey, imm } => {
+                (Opcode::RcPlacedWriteImm, remote_addr, rkey, Some(imm))
+            }
+            SendOp::Send | SendOp::SendWithImm { .. } => return None,
+        };
+        let mut sges = Vec::with_capacity(w.sges.len());
+        let mut local_ok = true;
+        for sge in w.sges.iter().filter(|s| s.length > 0) {
+            local_ok &= mem.check_local(self.pd, sge.lkey, sge.addr, u64::from(sge.length)).is_ok();
+            sges.push((sge.addr, sge.length));
+        }
+        let mut bth = Bth::new(opcode, self.dest_qpn, psn);
+        bth.ack_req = true;
+        bth.solicited = w.solicited;
+        let headers =
+            Headers { bth, deth: None, reth: Some(Reth { va, rkey, dma_len: w.len }), aeth: None, imm };
+        let plen = PlacedWrite::len_for(sges.len());
+        let (npkts, first_psn) = (w.npkts, w.first_psn);
+        let hlen = packet::emit_headers(&headers, plen, buf).ok()?;
+        let written =
+            buf.get_mut(hlen..hlen + plen).is_some_and(|out| PlacedWrite::emit(nonce, npkts, &sges, out));
+        if !local_ok || !written || first_psn != psn {
+            self.fail_at(idx, WcStatus::LocProtErr);
+            return None;
+        }
+        let end = psn_add(psn, npkts);
+        if psn_diff(psn, self.sent_end) < 0 {
+            stats.retransmits += 1;
+        } else {
+            stats.placed_sent += 1;
+        }
+        if psn_diff(end, self.sent_end) > 0 {
+            self.sent_end = end;
+        }
+        if let Some(w) = self.sq.get_mut(idx) {
+            w.placed = true;
+        }
+        self.placed_extra += i64::from(npkts) - 1;
+        self.send_psn = end;
+        self.send_idx += 1;
+        self.send_pkt = 0;
         if self.retx_timer.is_none() {
             self.arm_retx(now);
         }

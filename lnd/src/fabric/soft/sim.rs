@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::packet::ROCEV2_UDP_PORT;
+use super::place::LocalPeer;
 use super::wire::{Received, Wire};
 use crate::rng::Rng;
 use crate::time::Instant;
@@ -172,6 +173,19 @@ impl Wire for SimPort {
         let inner = self.net.lock();
         inner.inboxes.get(&self.ip).and_then(|b| b.keys().next().map(|k| k.0))
     }
+
+    fn local_peer(&self) -> Option<LocalPeer> {
+        Some(sim_peer(self.ip))
+    }
+
+    fn lookup_peer(&self, ip: Ipv4Addr) -> Option<LocalPeer> {
+        self.net.lock().inboxes.contains_key(&ip).then(|| sim_peer(ip))
+    }
+}
+
+/// Every simulated port lives in this process; its nonce is derived from its address.
+fn sim_peer(ip: Ipv4Addr) -> LocalPeer {
+    LocalPeer { pid: std::process::id(), nonce: 0x51_0000_0000 | u64::from(u32::from(ip)) }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use self::packet::{NakCode, Reth, Syndrome};
 use super::*;
 use crate::fabric::dma::RegisteredBuf;
 use crate::fabric::{CompletionQueue, SendFlags, SendOp, Sge, Wc, WcOpcode, WcStatus};
@@ -40,6 +41,28 @@ fn node(net: &SimNet, n: u8, config: SoftConfig, buf_len: usize) -> Node {
 
 fn config(seed: u64) -> SoftConfig {
     SoftConfig { seed, ..SoftConfig::default() }
+}
+
+/// Both paths of RDMA WRITE between ports of one host: single copy, and the wire.
+const PATHS: [SingleCopy; 2] = [SingleCopy::Auto, SingleCopy::Off];
+
+fn on_path(seed: u64, path: SingleCopy) -> SoftConfig {
+    SoftConfig { single_copy: path, ..config(seed) }
+}
+
+/// The WRITEs from `a` to `b` took `path` (the single-copy path is never silently skipped).
+fn assert_path(a: &SoftDevice, b: &SoftDevice, path: SingleCopy, s: u64) {
+    let (sa, sb) = (a.stats(), b.stats());
+    match path {
+        SingleCopy::Auto => assert!(
+            sa.placed_sent > 0 && sb.placed_writes > 0 && sb.placed_bytes > 0 && sb.placed_refused == 0,
+            "seed {s}: single copy not taken: {sa:?} {sb:?}"
+        ),
+        SingleCopy::Off => assert!(
+            sa.placed_sent == 0 && sb.placed_writes == 0 && sb.placed_bytes == 0,
+            "seed {s}: placed on the wire path: {sa:?} {sb:?}"
+        ),
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -200,22 +223,32 @@ fn write_then_send(a: &Node, b: &Node, n: u64, sizes: &[usize], window: u64, now
 
 #[test]
 fn writes_and_sends_arrive_in_order_exactly_once_on_a_clean_wire() {
-    let s = seed();
-    let net = SimNet::new(s, Duration::from_micros(5));
-    let a = node(&net, 1, config(s), 1 << 20);
-    let b = node(&net, 2, config(s + 1), 1 << 20);
-    connect(&a, &b, RC);
-    let mut now = Instant::ZERO;
-    write_then_send(&a, &b, 200, &[0, 1, 4095, 4096, 4097, 20000, 65536], 8, &mut now, s);
-    let st = a.dev.stats();
-    assert_eq!(st.retransmits, 0, "seed {s}: {st:?}");
-    assert_eq!(b.dev.stats().duplicates, 0);
+    for path in PATHS {
+        let s = seed();
+        let net = SimNet::new(s, Duration::from_micros(5));
+        let a = node(&net, 1, on_path(s, path), 1 << 20);
+        let b = node(&net, 2, on_path(s + 1, path), 1 << 20);
+        connect(&a, &b, RC);
+        let mut now = Instant::ZERO;
+        write_then_send(&a, &b, 200, &[0, 1, 4095, 4096, 4097, 20000, 65536], 8, &mut now, s);
+        let st = a.dev.stats();
+        assert_eq!(st.retransmits, 0, "seed {s} {path:?}: {st:?}");
+        assert_eq!(b.dev.stats().duplicates, 0);
+        assert_path(&a.dev, &b.dev, path, s);
+        // Idle costs nothing: once all is acknowledged, no device asks to be polled again.
+        let idle = |_: Instant| a.dev.next_deadline().is_none() && b.dev.next_deadline().is_none();
+        assert!(run_until(&[&a.dev, &b.dev], &mut now, 1000, idle), "seed {s} {path:?}: never idle");
+        if path == SingleCopy::Auto {
+            // 6 of 7 sizes are placed; the 0-byte WRITEs go by the wire.
+            let placed = (0..200u64).filter(|m| m % 7 != 0).count() as u64;
+            assert_eq!(b.dev.stats().placed_writes, placed, "seed {s}");
+        }
+    }
 }
 
 #[test]
 fn writes_and_sends_survive_20_percent_loss_with_reordering_and_duplication() {
     let s = seed();
-    let net = SimNet::new(s, Duration::from_micros(5)).with_jitter(Duration::from_micros(3));
     // 20% of frames lost on every link direction (applied once, at the sender), plus
     // reordering and duplication.
     let faults = FaultConfig {
@@ -228,29 +261,43 @@ fn writes_and_sends_survive_20_percent_loss_with_reordering_and_duplication() {
         },
         rx: DirFaults::NONE,
     };
-    let a = node(&net, 1, SoftConfig { faults, mtu: Mtu::Mtu1024, ..config(s) }, 1 << 20);
-    let b = node(&net, 2, SoftConfig { faults, mtu: Mtu::Mtu1024, ..config(s + 1) }, 1 << 20);
-    connect(&a, &b, Rc { mtu: Mtu::Mtu1024, ..RC });
-    let mut now = Instant::ZERO;
-    write_then_send(&a, &b, 300, &[0, 100, 1024, 3000, 20000, 65536], 8, &mut now, s);
-    let (sa, sb) = (a.dev.stats(), b.dev.stats());
-    assert!(sa.retransmits > 0 && sb.duplicates > 0 && sb.seq_naks > 0, "seed {s}: {sa:?} {sb:?}");
-    assert!(a.dev.fault_stats().dropped > 0 && a.dev.fault_stats().reordered > 0);
+    for path in PATHS {
+        let net = SimNet::new(s, Duration::from_micros(5)).with_jitter(Duration::from_micros(3));
+        let a = node(&net, 1, SoftConfig { faults, mtu: Mtu::Mtu1024, ..on_path(s, path) }, 1 << 20);
+        let b = node(&net, 2, SoftConfig { faults, mtu: Mtu::Mtu1024, ..on_path(s + 1, path) }, 1 << 20);
+        connect(&a, &b, Rc { mtu: Mtu::Mtu1024, ..RC });
+        let mut now = Instant::ZERO;
+        write_then_send(&a, &b, 300, &[0, 100, 1024, 3000, 20000, 65536], 8, &mut now, s);
+        let (sa, sb) = (a.dev.stats(), b.dev.stats());
+        assert!(
+            sa.retransmits > 0 && sb.duplicates > 0 && sb.seq_naks > 0,
+            "seed {s} {path:?}: {sa:?} {sb:?}"
+        );
+        assert!(a.dev.fault_stats().dropped > 0 && a.dev.fault_stats().reordered > 0);
+        assert_path(&a.dev, &b.dev, path, s);
+    }
 }
 
 #[test]
 fn corrupted_frames_are_dropped_by_the_icrc_and_recovered() {
     let s = seed();
-    let net = SimNet::new(s, Duration::from_micros(5));
     let faults = FaultConfig::symmetric(DirFaults { corrupt: 0.05, ..DirFaults::NONE });
-    let a = node(&net, 1, SoftConfig { faults, ..config(s) }, 1 << 20);
-    let b = node(&net, 2, SoftConfig { faults, ..config(s + 1) }, 1 << 20);
-    connect(&a, &b, RC);
-    let mut now = Instant::ZERO;
-    write_then_send(&a, &b, 100, &[4096, 30000], 4, &mut now, s);
-    let bad =
-        a.dev.stats().bad_icrc + b.dev.stats().bad_icrc + a.dev.stats().malformed + b.dev.stats().malformed;
-    assert!(bad > 0, "seed {s}: corruption must be caught");
+    for path in PATHS {
+        let net = SimNet::new(s, Duration::from_micros(5));
+        let a = node(&net, 1, SoftConfig { faults, ..on_path(s, path) }, 1 << 20);
+        let b = node(&net, 2, SoftConfig { faults, ..on_path(s + 1, path) }, 1 << 20);
+        connect(&a, &b, RC);
+        let mut now = Instant::ZERO;
+        // More messages on the single-copy path: it sends far fewer frames to corrupt.
+        let n = if path == SingleCopy::Auto { 400 } else { 100 };
+        write_then_send(&a, &b, n, &[4096, 30000], 4, &mut now, s);
+        let bad = a.dev.stats().bad_icrc
+            + b.dev.stats().bad_icrc
+            + a.dev.stats().malformed
+            + b.dev.stats().malformed;
+        assert!(bad > 0, "seed {s} {path:?}: corruption must be caught");
+        assert_path(&a.dev, &b.dev, path, s);
+    }
 }
 
 #[test]
@@ -348,9 +395,15 @@ fn rnr_exhaustion_fails_with_rnr_retry_exc_err() {
 
 /// `wr` maps the target's (address, rkey) to the WRITE's (remote address, rkey, length).
 fn access_error_case(s: u64, b_access: Access, wr: impl Fn(u64, u32) -> (u64, u32, u32)) {
+    for path in PATHS {
+        access_error_on(s, path, b_access, &wr);
+    }
+}
+
+fn access_error_on(s: u64, path: SingleCopy, b_access: Access, wr: impl Fn(u64, u32) -> (u64, u32, u32)) {
     let net = SimNet::new(s, Duration::from_micros(5));
-    let a = node(&net, 1, config(s), 65536);
-    let b = node(&net, 2, config(s + 1), 0);
+    let a = node(&net, 1, on_path(s, path), 65536);
+    let b = node(&net, 2, on_path(s + 1, path), 0);
     let target = RegisteredBuf::new(&b.dev, &b.pd, 8192, b_access).unwrap();
     target.buf().fill(0xee);
     a.buf.buf().fill(0x11);
@@ -385,6 +438,9 @@ fn access_error_case(s: u64, b_access: Access, wr: impl Fn(u64, u32) -> (u64, u3
     assert_eq!(b.qp.state(), QpState::Err);
     assert_eq!(b.dev.poll_async_event(), Some(AsyncEvent::QpFatal { qp_num: b.qp.qp_num() }));
     assert_eq!(b.dev.stats().access_errors, 1);
+    let placed = a.dev.stats().placed_sent;
+    assert_eq!(placed, u64::from(path == SingleCopy::Auto), "seed {s} {path:?}");
+    assert_eq!(b.dev.stats().placed_writes, 0);
 }
 
 #[test]
@@ -433,11 +489,17 @@ fn send_longer_than_the_receive_is_loc_len_err() {
 
 #[test]
 fn scatter_gather_imm_and_small_mtu() {
+    for path in PATHS {
+        scatter_gather_imm_and_small_mtu_on(path);
+    }
+}
+
+fn scatter_gather_imm_and_small_mtu_on(path: SingleCopy) {
     let s = seed();
     let net = SimNet::new(s, Duration::from_micros(5));
     let rc = Rc { mtu: Mtu::Mtu256, ..RC };
-    let a = node(&net, 1, config(s), 65536);
-    let b = node(&net, 2, config(s + 1), 65536);
+    let a = node(&net, 1, on_path(s, path), 65536);
+    let b = node(&net, 2, on_path(s + 1, path), 65536);
     connect(&a, &b, rc);
     let data = pattern(1, 3000);
     a.buf.buf().write(0, &data[..1000]).unwrap();
@@ -490,8 +552,12 @@ fn scatter_gather_imm_and_small_mtu() {
     assert_eq!(got, data);
     assert_eq!(b.buf.buf().to_vec(30000, 3000).unwrap(), data);
     assert_eq!(b.buf.buf().to_vec(40000, 5).unwrap(), data[..5]);
-    // 3000 bytes at MTU 256 = 12 packets per message.
-    assert!(a.dev.stats().tx_packets >= 25);
+    // 3000 bytes at MTU 256 = 12 packets per message; the placed WRITE is one request.
+    let tx = a.dev.stats().tx_packets;
+    assert!(if path == SingleCopy::Off { tx >= 25 } else { (14..25).contains(&tx) }, "{path:?}: {tx}");
+    // The inline WRITE is never placed.
+    assert_eq!(b.dev.stats().placed_writes, u64::from(path == SingleCopy::Auto));
+    assert_path(&a.dev, &b.dev, path, s);
 }
 
 #[test]
@@ -707,4 +773,181 @@ fn posting_checks_state_queue_depth_and_sges() {
     assert!(b.qp.post_send(&[big]).is_err(), "inline above max_inline_data");
     let sge = Sge { addr: 0, length: 0, lkey: 0 };
     assert!(b.qp.post_recv(&[RecvWr { wr_id: 0, sg_list: &[sge; 5] }]).is_err(), "4 SGEs max");
+}
+
+/// Connects one more QP pair on the devices of `a` and `b`.
+fn second_pair(a: &Node, b: &Node) -> (SoftQp, SoftQp) {
+    let cap =
+        QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 0 };
+    let attr = QpInitAttr { cap, sq_sig_all: false };
+    let qa = a.dev.create_qp(&a.pd, &a.cq, &a.cq, &attr).unwrap();
+    let qb = b.dev.create_qp(&b.pd, &b.cq, &b.cq, &attr).unwrap();
+    to_rtr(&qa, &qb, b.dev.ip(), 100, RC);
+    to_rtr(&qb, &qa, a.dev.ip(), 200, RC);
+    to_rts(&qa, 200, RC);
+    to_rts(&qb, 100, RC);
+    (qa, qb)
+}
+
+#[test]
+fn a_kernel_refusal_sends_the_writes_by_the_wire_under_loss() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let faults = FaultConfig::symmetric(DirFaults::lossy(0.1));
+    let a = node(&net, 1, SoftConfig { faults, ..on_path(s, SingleCopy::Auto) }, 1 << 20);
+    let b = node(&net, 2, SoftConfig { faults, ..on_path(s + 1, SingleCopy::Auto) }, 1 << 20);
+    // As when Yama's ptrace_scope forbids the copy.
+    b.dev.force_placement_errno(Some(libc::EPERM));
+    connect(&a, &b, RC);
+    let mut now = Instant::ZERO;
+    write_then_send(&a, &b, 100, &[100, 4096, 65536], 8, &mut now, s);
+    let (sa, sb) = (a.dev.stats(), b.dev.stats());
+    assert_eq!(sa.placed_refused, 1, "seed {s}: the requester switches once: {sa:?}");
+    assert!(sb.placed_refused >= 1 && sb.placed_writes == 0, "seed {s}: {sb:?}");
+    assert!(sa.placed_sent >= 1);
+    // The device remembers: a new QP to the same peer does not try again.
+    let (qa, qb) = second_pair(&a, &b);
+    b.buf.buf().fill(0);
+    a.buf.buf().write(0, &[7u8; 5000]).unwrap();
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::RdmaWrite { remote_addr: b.buf.addr_at(0), rkey: b.buf.rkey() },
+        sg_list: &[a.buf.sge(0, 5000)],
+        flags: SendFlags::SIGNALED,
+    };
+    qa.post_send(&[wr]).unwrap();
+    let mut wa = Vec::new();
+    assert!(run_until(&[&a.dev, &b.dev], &mut now, 100_000, |_| {
+        poll_all(&a.cq, &mut wa);
+        !wa.is_empty()
+    }));
+    assert_eq!(wa[0].status, WcStatus::Success, "seed {s}");
+    assert_eq!(b.buf.buf().to_vec(0, 5000).unwrap(), vec![7u8; 5000]);
+    assert_eq!(a.dev.stats().placed_sent, sa.placed_sent, "seed {s}: no placement after the refusal");
+    drop((qa, qb));
+}
+
+#[test]
+fn a_responder_with_single_copy_off_refuses_and_the_wire_takes_over() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, on_path(s, SingleCopy::Auto), 1 << 20);
+    let b = node(&net, 2, on_path(s + 1, SingleCopy::Off), 1 << 20);
+    connect(&a, &b, RC);
+    let mut now = Instant::ZERO;
+    write_then_send(&a, &b, 50, &[1, 4096, 65536], 8, &mut now, s);
+    let (sa, sb) = (a.dev.stats(), b.dev.stats());
+    assert_eq!(
+        (sa.placed_refused, sb.placed_refused, sb.placed_writes),
+        (1, 1, 0),
+        "seed {s}: {sa:?} {sb:?}"
+    );
+    assert_eq!(sa.timeouts, 0, "seed {s}: the refusal costs no timeout");
+}
+
+/// One crafted placement request: PSN, nonce, RETH length, gather list.
+type Crafted = (u32, u64, u32, Vec<(u64, u32)>);
+
+/// Sends crafted placement requests from a raw port at ip(1) to a QP of `b` in RTR and returns
+/// the (syndrome, PSN) of each response.
+fn hostile_placed(
+    b: &Node,
+    raw: &mut SimPort,
+    now: &mut Instant,
+    requests: &[Crafted],
+) -> Vec<(Syndrome, u32)> {
+    let meta = IcrcMeta::new(ip(1), b.dev.ip(), packet::ROCEV2_UDP_PORT, packet::ROCEV2_UDP_PORT);
+    let mut out = Vec::new();
+    for (psn, nonce, dma_len, sges) in requests {
+        let mut bth = Bth::new(Opcode::RcPlacedWrite, b.qp.qp_num(), *psn);
+        bth.ack_req = true;
+        let reth = Reth { va: b.buf.addr_at(0), rkey: b.buf.rkey(), dma_len: *dma_len };
+        let headers = Headers { reth: Some(reth), ..Headers::new(bth) };
+        let mut payload = vec![0u8; place::PlacedWrite::len_for(sges.len())];
+        let psns = dma_len.div_ceil(4096).max(1);
+        assert!(place::PlacedWrite::emit(*nonce, psns, sges, &mut payload));
+        let mut frame = Vec::new();
+        packet::build(&meta, &headers, &payload, &mut frame).unwrap();
+        raw.send(*now, b.dev.ip(), &frame).unwrap();
+        *now += Duration::from_micros(10);
+        b.dev.progress(*now).unwrap();
+        *now += Duration::from_micros(10);
+        let mut buf = vec![0u8; 256];
+        while let Some(r) = raw.recv(*now, &mut buf).unwrap() {
+            let p = packet::parse_unchecked(&buf[..r.len]).unwrap();
+            out.push((p.headers.aeth.unwrap().syndrome, p.headers.bth.psn));
+        }
+    }
+    out
+}
+
+#[test]
+fn hostile_placement_requests_are_refused_checked_or_fail_the_qp() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let b = node(&net, 2, on_path(s, SingleCopy::Auto), 16384);
+    let mut raw = net.attach(ip(1));
+    let nonce = raw.local_peer().unwrap().nonce;
+    b.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE }).unwrap();
+    let rtr = |qp: &SoftQp| {
+        qp.modify(&QpModify::Rtr {
+            path_mtu: Mtu::Mtu4096,
+            dest_qpn: 0x1234,
+            rq_psn: 100,
+            dest: PortAddr::from_ipv4(ip(1)),
+            max_dest_rd_atomic: 0,
+            min_rnr_timer: 1,
+        })
+        .unwrap()
+    };
+    rtr(&b.qp);
+    let src = vec![0xabu8; 8192];
+    let at = src.as_ptr() as u64;
+    let mut now = Instant::ZERO;
+    let ack = |psn| (Syndrome::Ack { credit_code: 0x1f }, psn);
+    let nak = |code, psn| (Syndrome::Nak(code), psn);
+    let got = hostile_placed(
+        &b,
+        &mut raw,
+        &mut now,
+        &[
+            // Placed from this process (the sim's ports all live here): 2 PSNs.
+            (100, nonce, 8192, vec![(at, 4096), (at + 4096, 4096)]),
+            // A replay: a duplicate, re-acknowledged, not copied again.
+            (100, nonce, 8192, vec![(at, 8192)]),
+            // Another identity than the registry's: refused, the requester would use the wire.
+            (102, nonce ^ 1, 8, vec![(at, 8)]),
+            // Gather addresses the requester does not have: EFAULT, a remote operational error.
+            (102, nonce, 8, vec![(8, 8)]),
+        ],
+    );
+    assert_eq!(
+        got,
+        vec![
+            ack(101),
+            ack(101),
+            nak(NakCode::PlacementRefused, 102),
+            nak(NakCode::RemoteOperationalError, 102)
+        ],
+        "seed {s}"
+    );
+    assert_eq!(b.buf.buf().to_vec(0, 8192).unwrap(), src);
+    let st = b.dev.stats();
+    assert_eq!((st.placed_writes, st.placed_bytes, st.placed_refused, st.duplicates), (1, 8192, 1, 1));
+    assert_eq!(b.qp.state(), QpState::Err);
+
+    // Lengths that do not add up, and a range outside the region: nothing is copied.
+    for (dma_len, sges, code) in [
+        (100, vec![(at, 8192)], NakCode::InvalidRequest),
+        (16385, vec![(at, 8192), (at, 8192), (at, 1)], NakCode::RemoteAccessError),
+    ] {
+        b.buf.buf().fill(0);
+        b.qp.modify(&QpModify::Reset).unwrap();
+        b.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE }).unwrap();
+        rtr(&b.qp);
+        let got = hostile_placed(&b, &mut raw, &mut now, &[(100, nonce, dma_len, sges)]);
+        assert_eq!(got, vec![nak(code, 100)], "seed {s}");
+        assert!(b.buf.buf().to_vec(0, 16384).unwrap().iter().all(|&x| x == 0));
+        assert_eq!(b.qp.state(), QpState::Err);
+    }
 }

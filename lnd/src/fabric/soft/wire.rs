@@ -10,6 +10,8 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 
+use super::place::LocalPeer;
+use super::registry;
 use crate::time::Instant;
 
 /// A datagram transport between IPv4 ports.
@@ -40,6 +42,15 @@ pub trait Wire: Send {
     fn readable(&mut self) {}
     /// When a frame held back (delayed, or in flight on a simulated link) becomes deliverable.
     fn next_deadline(&self) -> Option<Instant>;
+    /// This port's process and identity for the same-host path ([`super::place`]), if it
+    /// offers it (published for peers to find).
+    fn local_peer(&self) -> Option<LocalPeer> {
+        None
+    }
+    /// The process on this host that owns port `ip`, if it offers the same-host path.
+    fn lookup_peer(&self, _ip: Ipv4Addr) -> Option<LocalPeer> {
+        None
+    }
 }
 
 /// Where received frames came from and how long they are.
@@ -79,6 +90,7 @@ pub struct UdpWire {
     edge_driven: bool,
     /// Edge-driven and the socket was found empty since the last edge.
     drained: bool,
+    registry: Option<registry::Entry>,
 }
 
 /// `UDP_SEGMENT` (linux/udp.h): segment size for UDP GSO.
@@ -114,7 +126,17 @@ impl UdpWire {
             SocketAddr::V6(a) => a.port(),
         };
         let gro = set_int_opt(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok();
-        Ok(UdpWire { socket, ip, port, gso: true, gro, edge_driven: false, drained: false })
+        Ok(UdpWire { socket, ip, port, gso: true, gro, edge_driven: false, drained: false, registry: None })
+    }
+
+    /// Offers the same-host path: publishes this process as the owner of the port in the
+    /// registry ([`super::registry`]) with identity `nonce`. Only loopback ports take part;
+    /// for others this does nothing.
+    pub fn publish(&mut self, nonce: u64) -> io::Result<()> {
+        if self.ip.is_loopback() {
+            self.registry = Some(registry::publish(self.ip, self.port, nonce)?);
+        }
+        Ok(())
     }
 
     /// One `sendmsg` with a `UDP_SEGMENT` control message.
@@ -283,5 +305,17 @@ impl Wire for UdpWire {
 
     fn next_deadline(&self) -> Option<Instant> {
         None
+    }
+
+    fn local_peer(&self) -> Option<LocalPeer> {
+        self.registry.as_ref().map(|e| e.me)
+    }
+
+    fn lookup_peer(&self, ip: Ipv4Addr) -> Option<LocalPeer> {
+        // Loopback to loopback only: nothing from outside the host can carry such a source.
+        if self.registry.is_none() || !ip.is_loopback() {
+            return None;
+        }
+        registry::lookup(ip, self.port)
     }
 }

@@ -1,0 +1,362 @@
+//! The same-host single-copy path: RDMA WRITEs between two ports on one host move their
+//! payload with one copy, straight from the requester's memory into the target's registered
+//! region, never through sockets.
+//!
+//! # Design: the responder pulls
+//! The requester does not cut such a WRITE into payload packets. It sends one small vendor
+//! request, [`Opcode::RcPlacedWrite`](super::packet::Opcode::RcPlacedWrite) (0xF0, `+Imm`
+//! 0xF1), in the QP's normal RC stream: BTH + RETH (remote address, R_Key, length) + ImmDt if
+//! any, and a payload (`PlacedWrite`) with the requester's identity nonce, the number of PSNs
+//! the request takes, and its gather list as virtual addresses of the requester's process. The
+//! request takes exactly the PSNs the WRITE would take on the wire, so it is ordered,
+//! acknowledged, retransmitted and duplicate-suppressed like any request, and the wire path can
+//! take over from any PSN.
+//!
+//! The responder handles it in PSN order, under its device lock, like the first packet of a
+//! wire WRITE: QP access, then key, PD, REMOTE_WRITE and the whole range against its MR table
+//! (a failure is the same remote access NAK, `REM_ACCESS_ERR` at the requester, not a byte
+//! written), and then copies the data with one `process_vm_readv` from the requester's process
+//! into the checked range (`MrTable::write_from_process` in [`super::mem`]). The check and the copy
+//! happen under the lock deregistration takes, so the region cannot go away in between. The
+//! requester's buffers stay valid until the WRITE completes, which needs the ACK, which is sent
+//! only after the copy. A SEND after the WRITE has a later PSN, so its data is in place first.
+//! A duplicate of an executed request is re-acknowledged and not copied again.
+//!
+//! # Who the requester is: the trust argument
+//! The requester's pid is never taken from a packet. Each UDP device with the path on
+//! publishes a registry entry ([`super::registry`]) under a per-user directory (mode 0700,
+//! owned by the user, checked before use) named by its `ip-port`: pid, boot id, the process
+//! start time and a random 64-bit nonce. The responder looks up the entry of the packet's
+//! *source* address, and uses it only if it is on this boot, the process with that pid still has
+//! that start time, and the nonce equals the one in the request (so a restarted peer is looked
+//! up again). Only loopback addresses (127/8) on both ends take this path: the kernel drops
+//! packets from outside with a loopback source, and a loopback source port is held by the
+//! socket of the process that published the entry (binding it again fails), so an entry names
+//! the process that sent the request. Only a process of the same user can write the registry.
+//! Whatever the entry says, the kernel makes the final check: `process_vm_readv` needs
+//! `PTRACE_MODE_ATTACH` over the requester (same user, and Yama's `ptrace_scope` allowing it).
+//! The responder only *reads* the requester, and only *writes* the range its own MR table
+//! allowed, so a lying requester can at worst have its own memory copied into a region it was
+//! entitled to write anyway.
+//!
+//! # Falling back
+//! When the responder cannot place (the kernel says `EPERM`, `ENOSYS` or `ESRCH`, no usable
+//! registry entry, or the path is off on its side) it answers with the vendor NAK code
+//! [`NakCode::PlacementRefused`](super::packet::NakCode::PlacementRefused) at the request's PSN
+//! and does not move its expected PSN. The requester then sends everything from that PSN again
+//! on the wire (no retry is spent) and never places on that QP again; its device stops placing
+//! to that address. A kernel refusal is reported once per peer on stderr. Other copy failures
+//! (`EFAULT`: the requester named memory it does not have) are a remote operational error.
+//!
+//! # In one process
+//! On the simulated wire every device lives in one process: a port's identity is the own pid
+//! and a nonce derived from its address, and the same code copies with `process_vm_readv` on
+//! the own pid, so the deterministic simulations exercise the real path, with loss,
+//! reordering and duplication of the vendor requests.
+//!
+//! # Choosing the path
+//! [`SoftConfig::single_copy`](super::SoftConfig::single_copy): [`SingleCopy::Auto`] (the
+//! default) places whenever the peer is on the same host; [`SingleCopy::Off`] always uses the
+//! wire (and refuses placement requests). The environment variable `LND_SOFT_SINGLE_COPY=0`
+//! (or `off`) makes the default `Off`, so whole suites can run on either path; `1` (or `on`)
+//! makes it `Auto`. `FabricStats::placed_sent`, `placed_writes` and `placed_bytes` count what
+//! took the path.
+//!
+//! Not placed: inline WRITEs (their data already sits in the work request), zero-length WRITEs,
+//! and anything to a port on another host.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+
+use super::mem::{MemFault, MrTable, PlaceFault};
+use super::wire::Wire;
+
+/// Which path same-host RDMA WRITEs take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SingleCopy {
+    /// Place WRITEs to ports on the same host with one copy; the wire otherwise.
+    Auto,
+    /// Always the wire.
+    Off,
+}
+
+impl SingleCopy {
+    /// The default: `Auto`, unless `LND_SOFT_SINGLE_COPY` is `0`, `off` or `false`.
+    pub fn from_env() -> SingleCopy {
+        SingleCopy::from_setting(std::env::var("LND_SOFT_SINGLE_COPY").ok().as_deref())
+    }
+
+    /// The mode a value of `LND_SOFT_SINGLE_COPY` asks for (`None`: unset).
+    pub fn from_setting(value: Option<&str>) -> SingleCopy {
+        match value.map(str::trim) {
+            Some("0" | "off" | "false") => SingleCopy::Off,
+            _ => SingleCopy::Auto,
+        }
+    }
+}
+
+/// A process on this host owning a port of the fabric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalPeer {
+    /// Its process id.
+    pub pid: u32,
+    /// A random identity of the port's device, carried in its placement requests.
+    pub nonce: u64,
+}
+
+/// Fixed part of a [`PlacedWrite`] payload: nonce (8), PSN count (4), entries (2), zero (2).
+pub(crate) const PLACED_HEADER_LEN: usize = 16;
+/// One gather entry: address (8), length (4), zero (4).
+pub(crate) const PLACED_SGE_LEN: usize = 16;
+/// Most gather entries a placement request may carry.
+pub(crate) const MAX_PLACED_SGES: usize = 64;
+/// The smallest path MTU: a request may take at most the PSNs its WRITE would take at it.
+const MIN_MTU: u64 = 256;
+
+/// Why a placement request's payload was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PlacedError {
+    /// The payload is not `16 + 16 × entries` bytes, or has more than [`MAX_PLACED_SGES`].
+    Length,
+    /// The entries do not add up to the RETH length, or the PSN count does not fit it.
+    Mismatch,
+}
+
+/// The payload of a placement request, decoded and checked against its RETH length.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PlacedWrite {
+    /// The requester's nonce (its registry entry must carry the same).
+    pub(crate) nonce: u64,
+    /// PSNs the request takes (what its WRITE takes on the wire).
+    pub(crate) psn_count: u32,
+    /// The requester's gather list: (address in its process, length).
+    pub(crate) sges: Vec<(u64, u64)>,
+}
+
+impl PlacedWrite {
+    /// Decodes `payload`; `dma_len` is the RETH length the entries must add up to.
+    pub(crate) fn parse(payload: &[u8], dma_len: u32) -> Result<PlacedWrite, PlacedError> {
+        let head: &[u8; PLACED_HEADER_LEN] = payload.first_chunk().ok_or(PlacedError::Length)?;
+        let [n0, n1, n2, n3, n4, n5, n6, n7, c0, c1, c2, c3, e0, e1, _, _] = *head;
+        let nonce = u64::from_be_bytes([n0, n1, n2, n3, n4, n5, n6, n7]);
+        let psn_count = u32::from_be_bytes([c0, c1, c2, c3]);
+        let entries = usize::from(u16::from_be_bytes([e0, e1]));
+        let body = payload.get(PLACED_HEADER_LEN..).ok_or(PlacedError::Length)?;
+        if entries > MAX_PLACED_SGES || body.len() != entries * PLACED_SGE_LEN {
+            return Err(PlacedError::Length);
+        }
+        let mut sges = Vec::with_capacity(entries);
+        let mut total = 0u64;
+        for e in body.chunks_exact(PLACED_SGE_LEN) {
+            let (a, rest) = e.split_first_chunk::<8>().ok_or(PlacedError::Length)?;
+            let l = rest.first_chunk::<4>().ok_or(PlacedError::Length)?;
+            let len = u64::from(u32::from_be_bytes(*l));
+            total = total.checked_add(len).ok_or(PlacedError::Mismatch)?;
+            sges.push((u64::from_be_bytes(*a), len));
+        }
+        let max_psns = u64::from(dma_len).div_ceil(MIN_MTU).max(1);
+        if total != u64::from(dma_len) || psn_count == 0 || u64::from(psn_count) > max_psns {
+            return Err(PlacedError::Mismatch);
+        }
+        Ok(PlacedWrite { nonce, psn_count, sges })
+    }
+
+    /// The payload length for `entries` gather entries.
+    pub(crate) fn len_for(entries: usize) -> usize {
+        PLACED_HEADER_LEN + entries * PLACED_SGE_LEN
+    }
+
+    /// Writes the payload into `out` (exactly [`PlacedWrite::len_for`] bytes); false if it does
+    /// not fit or there are too many entries.
+    pub(crate) fn emit(nonce: u64, psn_count: u32, sges: &[(u64, u32)], out: &mut [u8]) -> bool {
+        if sges.len() > MAX_PLACED_SGES || out.len() != PlacedWrite::len_for(sges.len()) {
+            return false;
+        }
+        let (head, body) = out.split_at_mut(PLACED_HEADER_LEN);
+        let entries = (sges.len() as u16).to_be_bytes();
+        let mut h = [0u8; PLACED_HEADER_LEN];
+        for (d, s) in
+            h.iter_mut().zip(nonce.to_be_bytes().iter().chain(&psn_count.to_be_bytes()).chain(&entries))
+        {
+            *d = *s;
+        }
+        head.copy_from_slice(&h);
+        for (chunk, (addr, len)) in body.chunks_exact_mut(PLACED_SGE_LEN).zip(sges) {
+            let mut e = [0u8; PLACED_SGE_LEN];
+            for (d, s) in e.iter_mut().zip(addr.to_be_bytes().iter().chain(&len.to_be_bytes())) {
+                *d = *s;
+            }
+            chunk.copy_from_slice(&e);
+        }
+        true
+    }
+}
+
+/// Why the responder did not place a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unplaced {
+    /// Not possible with this peer: NAK `PlacementRefused`, the requester uses the wire.
+    Refused,
+    /// The MR check failed: remote access error.
+    Access,
+    /// The copy failed for another reason (bad requester addresses): remote operational error.
+    Fault,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Sender {
+    /// Copies from this process work (as far as we know).
+    Known(LocalPeer),
+    /// The kernel refused: the wire for this peer from now on.
+    Refused,
+}
+
+/// A device's single-copy state: its mode and identity, where it may place, and whom it can
+/// copy from.
+#[derive(Debug)]
+pub(crate) struct Placement {
+    name: String,
+    mode: SingleCopy,
+    own: Option<LocalPeer>,
+    /// Requester side: destinations and whether WRITEs to them are placed.
+    routes: HashMap<Ipv4Addr, bool>,
+    /// Responder side: sources and their processes.
+    senders: HashMap<Ipv4Addr, Sender>,
+    /// Test hook: the next copies fail with this errno.
+    forced_errno: Option<i32>,
+}
+
+impl Placement {
+    pub(crate) fn new(name: &str, mode: SingleCopy, own: Option<LocalPeer>) -> Placement {
+        Placement {
+            name: name.to_owned(),
+            mode,
+            own,
+            routes: HashMap::new(),
+            senders: HashMap::new(),
+            forced_errno: None,
+        }
+    }
+
+    pub(crate) fn force_errno(&mut self, errno: Option<i32>) {
+        self.forced_errno = errno;
+    }
+
+    /// Requester side: the nonce to send in placement requests to `dst`, or `None` if WRITEs
+    /// to it go by the wire.
+    pub(crate) fn route<W: Wire + ?Sized>(&mut self, wire: &W, dst: Ipv4Addr) -> Option<u64> {
+        let own = self.own.filter(|_| self.mode == SingleCopy::Auto)?;
+        let place = *self.routes.entry(dst).or_insert_with(|| wire.lookup_peer(dst).is_some());
+        place.then_some(own.nonce)
+    }
+
+    /// Requester side: `dst` refused a placement; WRITEs to it go by the wire from now on.
+    pub(crate) fn refused_by(&mut self, dst: Ipv4Addr) {
+        self.routes.insert(dst, false);
+    }
+
+    /// Responder side: copies the WRITE `w` from `src` into `len` bytes at `va` under `rkey`
+    /// (checked again against `mem` for PD `pd` and REMOTE_WRITE).
+    #[allow(clippy::too_many_arguments, reason = "a request, its source and its target range")]
+    pub(crate) fn place<W: Wire + ?Sized>(
+        &mut self,
+        wire: &W,
+        src: Ipv4Addr,
+        w: &PlacedWrite,
+        mem: &MrTable,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+    ) -> Result<(), Unplaced> {
+        if self.mode == SingleCopy::Off || self.own.is_none() {
+            return Err(Unplaced::Refused);
+        }
+        let peer = match self.senders.get(&src) {
+            Some(Sender::Refused) => return Err(Unplaced::Refused),
+            Some(Sender::Known(p)) if p.nonce == w.nonce => *p,
+            _ => {
+                // Unknown, or restarted: look it up again; the entry must carry the request's nonce.
+                let p = wire.lookup_peer(src).filter(|p| p.nonce == w.nonce).ok_or(Unplaced::Refused)?;
+                self.senders.insert(src, Sender::Known(p));
+                p
+            }
+        };
+        let result = match self.forced_errno {
+            Some(errno) => Err(PlaceFault::Os(std::io::Error::from_raw_os_error(errno))),
+            None => mem.write_from_process(pd, rkey, va, len, peer.pid, &w.sges),
+        };
+        match result {
+            Ok(()) => Ok(()),
+            Err(PlaceFault::Mem(
+                MemFault::BadKey | MemFault::WrongPd | MemFault::Access | MemFault::Range,
+            )) => Err(Unplaced::Access),
+            Err(PlaceFault::Os(e))
+                if matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOSYS | libc::ESRCH)) =>
+            {
+                self.senders.insert(src, Sender::Refused);
+                eprintln!(
+                    "lnd: {}: single-copy from {src} (pid {}) is not possible: process_vm_readv: {e}; \
+                     RDMA WRITEs from this peer use the wire",
+                    self.name, peer.pid
+                );
+                Err(Unplaced::Refused)
+            }
+            Err(PlaceFault::Os(_)) => Err(Unplaced::Fault),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placed_write_round_trip_and_hostile_payloads() {
+        let sges = [(0x1000u64, 4096u32), (0xdead_beef_0000, 100)];
+        let mut buf = vec![0u8; PlacedWrite::len_for(2)];
+        assert!(PlacedWrite::emit(7, 2, &sges, &mut buf));
+        let w = PlacedWrite::parse(&buf, 4196).unwrap();
+        assert_eq!(
+            w,
+            PlacedWrite { nonce: 7, psn_count: 2, sges: vec![(0x1000, 4096), (0xdead_beef_0000, 100)] }
+        );
+        // Lengths that do not add up, PSN counts out of range, truncation, trailing bytes.
+        assert_eq!(PlacedWrite::parse(&buf, 4195), Err(PlacedError::Mismatch));
+        let mut zero = buf.clone();
+        zero[8..12].copy_from_slice(&0u32.to_be_bytes());
+        assert_eq!(PlacedWrite::parse(&zero, 4196), Err(PlacedError::Mismatch));
+        let mut many = buf.clone();
+        many[8..12].copy_from_slice(&18u32.to_be_bytes());
+        assert_eq!(PlacedWrite::parse(&many, 4196), Err(PlacedError::Mismatch));
+        for n in 0..buf.len() {
+            assert!(PlacedWrite::parse(&buf[..n], 4196).is_err());
+        }
+        let mut long = buf.clone();
+        long.push(0);
+        assert_eq!(PlacedWrite::parse(&long, 4196), Err(PlacedError::Length));
+        let mut lots = vec![0u8; PlacedWrite::len_for(MAX_PLACED_SGES + 1)];
+        lots[12..14].copy_from_slice(&((MAX_PLACED_SGES + 1) as u16).to_be_bytes());
+        assert_eq!(PlacedWrite::parse(&lots, 0), Err(PlacedError::Length));
+        // Entries near u32::MAX each cannot overflow the sum.
+        let big = [(0u64, u32::MAX); MAX_PLACED_SGES];
+        let mut buf = vec![0u8; PlacedWrite::len_for(big.len())];
+        assert!(PlacedWrite::emit(1, 1, &big, &mut buf));
+        assert_eq!(PlacedWrite::parse(&buf, u32::MAX), Err(PlacedError::Mismatch));
+        assert!(!PlacedWrite::emit(1, 1, &sges, &mut [0u8; 3]));
+    }
+
+    #[test]
+    fn the_environment_switch() {
+        for (v, mode) in [
+            (None, SingleCopy::Auto),
+            (Some("1"), SingleCopy::Auto),
+            (Some("on"), SingleCopy::Auto),
+            (Some("0"), SingleCopy::Off),
+            (Some(" off "), SingleCopy::Off),
+            (Some("false"), SingleCopy::Off),
+        ] {
+            assert_eq!(SingleCopy::from_setting(v), mode, "{v:?}");
+        }
+    }
+}
