@@ -333,15 +333,25 @@ impl<D: Device> Scheduler<D> {
                     break;
                 }
             }
+            let mut spinning = false;
             let timeout = match self.engine.next_deadline() {
                 // Queued by an upcall on this thread (no wake-up was sent for it).
                 _ if !self.shared.queue.is_empty() => Duration::ZERO,
                 Some(t) if t <= now => Duration::ZERO,
                 // busy_poll_usec: keep polling a while after the last piece of work.
-                _ if now.saturating_duration_since(last_work) < spin => Duration::ZERO,
+                _ if now.saturating_duration_since(last_work) < spin => {
+                    spinning = true;
+                    Duration::ZERO
+                }
                 Some(t) => t.saturating_duration_since(now).min(MAX_SLEEP),
                 None => MAX_SLEEP,
             };
+            if spinning {
+                // Nothing to do but look again: let any other runnable thread (the peer
+                // process, the application) have this CPU first, so that spinning never
+                // delays the work it waits for on a machine with few cores.
+                std::thread::yield_now();
+            }
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     break;

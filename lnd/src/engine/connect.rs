@@ -94,6 +94,7 @@ impl<D: Device> Engine<D> {
         let _ = conn.cq.req_notify(false);
         let k = self.conns.insert(conn);
         self.by_qpn.insert(qpn, k);
+        self.by_cq_fd.insert(fd, k);
         self.fd_changes.push(super::FdChange::Add { fd, token: k });
         if let Some(p) = self.peers.get_mut(&peer) {
             p.conns.push(k);

@@ -198,6 +198,9 @@ pub struct Engine<D: Device> {
     next_gen: u32,
     by_cm: HashMap<u32, usize>,
     by_qpn: HashMap<u32, usize>,
+    /// Connections by their CQ's event fd ([`Device::take_signalled_cqs`]).
+    by_cq_fd: HashMap<std::os::fd::RawFd, usize>,
+    signalled: Vec<std::os::fd::RawFd>,
     txs: Slab<Tx>,
     slots: SlotPool,
     msgs: RegisteredBuf<D>,
@@ -265,6 +268,8 @@ impl<D: Device> Engine<D> {
             next_gen: 1,
             by_cm: HashMap::new(),
             by_qpn: HashMap::new(),
+            by_cq_fd: HashMap::new(),
+            signalled: Vec::new(),
             txs: Slab::new(),
             slots: SlotPool::new(ntx),
             msgs,
@@ -376,6 +381,7 @@ impl<D: Device> Engine<D> {
             // A device error is not a protocol event; the fabric retries on the next call.
             let _ = e;
         }
+        self.take_signalled();
         while let Some((from, mad)) = self.dev.recv_mad() {
             self.work += 1;
             self.cm.handle_mad(now, from, &mad);
@@ -401,7 +407,19 @@ impl<D: Device> Engine<D> {
             let _ = self.dev.send_mad(&to, &mad);
         }
         let _ = self.dev.progress(now);
+        self.take_signalled();
         self.activity() != before
+    }
+
+    /// CQs the device says it signalled during `progress`: reaped in this poll, without waiting
+    /// for the driver's poller to report their fds.
+    fn take_signalled(&mut self) {
+        self.dev.take_signalled_cqs(&mut self.signalled);
+        for fd in self.signalled.drain(..) {
+            if let Some(&key) = self.by_cq_fd.get(&fd) {
+                self.cq_ready.push_back(key);
+            }
+        }
     }
 
     /// A counter that moves whenever the engine or its device does something.
@@ -952,6 +970,9 @@ impl<D: Device> Engine<D> {
             self.by_cm.remove(&id.0);
         }
         self.fd_changes.push(FdChange::Remove { fd: conn.cq.event_fd() });
+        if self.by_cq_fd.get(&conn.cq.event_fd()) == Some(&key) {
+            self.by_cq_fd.remove(&conn.cq.event_fd());
+        }
         if let Some(p) = self.peers.get_mut(&conn.peer) {
             p.conns.retain(|&k| k != key);
         }

@@ -169,6 +169,15 @@ pub trait Device: Send + Sync + 'static {
         let _ = fd;
     }
 
+    /// Appends to `out` the event fds of the completion channels ([`CompletionQueue::event_fd`])
+    /// this device signalled since the last call, for devices that know without a system call
+    /// (the software device signals them inside [`Device::progress`]). The caller may reap
+    /// those CQs at once instead of waiting for its poller to report the fds; the fds are
+    /// signalled all the same. The default reports nothing.
+    fn take_signalled_cqs(&self, out: &mut Vec<RawFd>) {
+        let _ = out;
+    }
+
     /// Transport counters.
     fn stats(&self) -> FabricStats;
 }

@@ -84,8 +84,14 @@ impl CqShared {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a completion; `solicited` says whether it satisfies a solicited-only arm.
-    pub(crate) fn push(&self, wc: Wc, solicited: bool) -> Result<(), Overrun> {
+    /// The completion channel's fd.
+    pub(crate) fn event_fd(&self) -> RawFd {
+        self.channel.raw()
+    }
+
+    /// Adds a completion; `solicited` says whether it satisfies a solicited-only arm. True if
+    /// it signalled the completion channel.
+    pub(crate) fn push(&self, wc: Wc, solicited: bool) -> Result<bool, Overrun> {
         let mut inner = self.lock();
         if inner.overrun || inner.entries.len() >= self.cqe as usize {
             inner.overrun = true;
@@ -103,7 +109,7 @@ impl CqShared {
             drop(inner);
             self.channel.signal();
         }
-        Ok(())
+        Ok(notify)
     }
 }
 

@@ -289,6 +289,10 @@ struct DevState {
     rx_buf: Vec<u8>,
     scratch: Vec<Completion>,
     scratch_events: Vec<AsyncEvent>,
+    /// Completion channels signalled since [`Device::take_signalled_cqs`] last took them
+    /// (kept only once someone has asked, so that a user who never does accumulates nothing).
+    signalled: Vec<RawFd>,
+    signalled_wanted: bool,
     more_rx: bool,
 }
 
@@ -416,6 +420,8 @@ impl SoftDevice {
             rx_buf: vec![0u8; RX_BUFFER],
             scratch: Vec::new(),
             scratch_events: Vec::new(),
+            signalled: Vec::new(),
+            signalled_wanted: false,
             more_rx: false,
         };
         SoftDevice {
@@ -487,8 +493,11 @@ impl DevState {
                     CqSel::Send => &e.send_cq,
                     CqSel::Recv => &e.recv_cq,
                 };
-                if cq.push(c.wc, c.solicited).is_err() && !overrun.contains(&cq.id) {
-                    overrun.push(cq.id);
+                match cq.push(c.wc, c.solicited) {
+                    Ok(true) if self.signalled_wanted => self.signalled.push(cq.event_fd()),
+                    Ok(_) => {}
+                    Err(_) if !overrun.contains(&cq.id) => overrun.push(cq.id),
+                    Err(_) => {}
                 }
             }
             let d = e.rc.deadline();
@@ -891,6 +900,12 @@ impl Device for SoftDevice {
 
     fn pollable_fds(&self) -> Vec<RawFd> {
         self.shared.fd.into_iter().collect()
+    }
+
+    fn take_signalled_cqs(&self, out: &mut Vec<RawFd>) {
+        let mut s = self.shared.lock();
+        s.signalled_wanted = true;
+        out.append(&mut s.signalled);
     }
 
     fn fd_readable(&self, fd: RawFd) {
