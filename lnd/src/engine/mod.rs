@@ -472,6 +472,7 @@ impl<D: Device> Engine<D> {
 
     fn reap_completions(&mut self, now: Instant) {
         let mut keys: Vec<usize> = if self.poll_all_cqs {
+            self.cq_ready.clear();
             self.conns.iter().map(|(k, _)| k).collect()
         } else {
             self.cq_ready.drain(..).collect()
