@@ -33,7 +33,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::clock::{Clock, wall_clock_micros};
 use crate::engine::{Engine, EngineConfig, EngineError, EngineStats, FdChange, validate_send};
-use crate::fabric::soft::{SoftConfig, SoftDevice};
+use crate::fabric::soft::{LiveCounts, SoftConfig, SoftDevice};
 use crate::fabric::{Device, FabricError, FabricStats};
 use crate::tunables::Tunables;
 
@@ -117,6 +117,10 @@ pub struct DriverStats {
     pub tx_descriptors: (usize, u32),
     /// Scheduler turns.
     pub turns: u64,
+    /// Connection ids the CM holds (the listener's included).
+    pub cm_live: usize,
+    /// Whether the engine holds nothing: no connection, no transmit, no waiting work.
+    pub idle: bool,
 }
 
 enum Cmd {
@@ -139,6 +143,8 @@ struct Shared {
 pub struct Driver {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// A handle on the software device, for leak checks after shutdown.
+    soft: Option<SoftDevice>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -156,7 +162,10 @@ impl Driver {
                 let soft = SoftConfig { name: format!("soft-{}", nid.addr()), ..soft };
                 let dev = SoftDevice::open_udp(nid.addr(), soft)
                     .map_err(|source| DriverError::Fabric { nid, source })?;
-                Driver::start_on(dev, config, upcalls)
+                let handle = dev.clone();
+                let mut driver = Driver::start_on(dev, config, upcalls)?;
+                driver.soft = Some(handle);
+                Ok(driver)
             }
             #[cfg(feature = "verbs")]
             FabricChoice::Verbs(vc) => {
@@ -192,12 +201,19 @@ impl Driver {
         let thread = std::thread::Builder::new()
             .name(format!("o2iblnd-{}", nid.addr()))
             .spawn(move || Scheduler::new(engine, poll, s2, busy_poll_usec).run())?;
-        Ok(Driver { shared, thread: Mutex::new(Some(thread)) })
+        Ok(Driver { shared, thread: Mutex::new(Some(thread)), soft: None })
     }
 
     fn push(&self, cmd: Cmd) {
         self.shared.queue.push(cmd);
         let _ = self.shared.waker.wake();
+    }
+
+    /// The objects still alive on the software device (QPs, MRs, CQs, PDs), when the driver
+    /// runs on one. After [`Lnd::shutdown`] every count is zero unless something leaked (LNet
+    /// buffers still held by the caller keep their cached registrations).
+    pub fn soft_live_counts(&self) -> Option<LiveCounts> {
+        self.soft.as_ref().map(SoftDevice::live_counts)
     }
 
     /// Counters (asks the scheduler; `None` if it does not answer in time).
@@ -304,6 +320,8 @@ impl<D: Device> Scheduler<D> {
                             connections: self.engine.connections(),
                             tx_descriptors: self.engine.tx_descriptors(),
                             turns: self.turns,
+                            cm_live: self.engine.cm_live(),
+                            idle: self.engine.is_idle(),
                         });
                     }
                     Cmd::Shutdown => {

@@ -260,6 +260,12 @@ impl<D: Device> Engine<D> {
         if h.srcnid.addr() != cma.src || from.gid.to_ipv4().is_some_and(|ip| ip != h.srcnid.addr()) {
             return self.reject(now, id, RejectReason::Fatal);
         }
+        let allow = &self.cfg.tunables.accept_nids;
+        if !allow.is_empty() && !allow.contains(&h.srcnid) {
+            // o2iblnd refuses an unwanted peer (wrong NID, unprivileged port) with FATAL.
+            self.stats.accepts_refused_nid += 1;
+            return self.reject(now, id, RejectReason::Fatal);
+        }
         if h.dststamp != 0 && h.dststamp != self.cfg.incarnation {
             return self.reject(now, id, RejectReason::ConnStale);
         }

@@ -129,10 +129,15 @@ pub struct EngineStats {
     pub conns_closed: u64,
     /// Connection attempts rejected by the peer.
     pub connects_rejected: u64,
-    /// Connection requests this side rejected.
+    /// Connection requests this side rejected (any reason, allow-list refusals included).
     pub accepts_rejected: u64,
+    /// Connection requests rejected because the peer's NID is not in `accept_nids` (also
+    /// counted in `accepts_rejected`).
+    pub accepts_refused_nid: u64,
     /// Connections closed for a protocol error by the peer.
     pub protocol_errors: u64,
+    /// Connections closed because a message named the wrong NIDs or incarnation stamps.
+    pub stale_msgs: u64,
     /// Transmits that timed out.
     pub tx_timeouts: u64,
     /// Sends that waited for a free descriptor.

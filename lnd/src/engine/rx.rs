@@ -71,8 +71,10 @@ impl<D: Device> Engine<D> {
     }
 
     fn close_for(&mut self, now: Instant, key: usize, e: LndError) -> After {
-        if e.errno == Errno::EPROTO {
-            self.stats.protocol_errors += 1;
+        match e.errno {
+            Errno::EPROTO => self.stats.protocol_errors += 1,
+            Errno::ESTALE => self.stats.stale_msgs += 1,
+            _ => {}
         }
         self.close_conn(now, key, e);
         After::Closed

@@ -108,6 +108,7 @@ options ko2iblnd fmr_flush_trigger=400 fmr_cache=0 use_fastreg_gaps=1 ib_mtu=204
 options ko2iblnd rnr_retry_count=7 use_privileged_port=0 require_privileged_port=1 ipif_name=ib1
 options ko2iblnd nscheds=3 conns_per_peer=4 wrq_sge=4 peer_timeout=0 peer_buffer_credits=16
 options ko2iblnd dev_failover=1 tos=106 busy_poll_usec=7
+options ko2iblnd accept_nids='10.0.0.2@o2ib, 10.0.0.3@o2ib1'
 ";
     for name in Tunables::parameter_names().filter(|&n| n != "map_on_demand") {
         assert!(text.contains(&format!(" {name}=")), "test text misses {name}");
@@ -144,6 +145,7 @@ options ko2iblnd dev_failover=1 tos=106 busy_poll_usec=7
         dev_failover: 1,
         tos: 106,
         busy_poll_usec: 7,
+        accept_nids: vec!["10.0.0.2@o2ib".parse().unwrap(), "10.0.0.3@o2ib1".parse().unwrap()],
     };
     assert_eq!(t, expected);
 }
@@ -1037,6 +1039,7 @@ fn random_tunables(rng: &mut Rng) -> Tunables {
         dev_failover: rng.range(0, 2),
         tos: rng.range(0, 256) as i32 - 1,
         busy_poll_usec: rng.range(0, 1000),
+        accept_nids: (0..rng.range(0, 3)).map(|i| format!("10.0.0.{i}@o2ib").parse().unwrap()).collect(),
     }
 }
 
