@@ -688,23 +688,40 @@ impl<D: Device> Engine<D> {
         }
     }
 
-    /// Sends and replies that waited for a free descriptor.
+    /// Sends and replies that waited for a free descriptor. Replies to received requests go
+    /// first and may use the last descriptors: they finish without needing another one, so
+    /// they always free what they take. New sends leave [`Engine::reply_reserve`] descriptors
+    /// free; otherwise two peers whose pools are full of requests waiting for each other's
+    /// replies would wait forever.
     fn retry_waiting(&mut self, now: Instant) {
         while self.slots.available() > 0 {
-            let Some(w) = self.waiting.pop_front() else { break };
-            match w {
-                Waiting::Send(msg) => self.launch(now, msg),
-                Waiting::Rx(key, generation, rx, len) => {
-                    if self
-                        .conns
-                        .get(key)
-                        .is_some_and(|c| c.generation == generation && c.state == ConnState::Established)
-                    {
-                        self.handle_rx(now, key, rx, len);
-                    }
-                }
+            let Some(pos) = self.waiting.iter().position(|w| matches!(w, Waiting::Rx(..))) else { break };
+            if let Some(Waiting::Rx(key, generation, rx, len)) = self.waiting.remove(pos) {
+                self.retry_rx(now, key, generation, rx, len);
             }
         }
+        while self.slots.available() > self.reply_reserve() {
+            let Some(w) = self.waiting.pop_front() else { break };
+            match w {
+                Waiting::Send(msg) => self.launch_now(now, msg),
+                Waiting::Rx(key, generation, rx, len) => self.retry_rx(now, key, generation, rx, len),
+            }
+        }
+    }
+
+    fn retry_rx(&mut self, now: Instant, key: usize, generation: u32, rx: u32, len: u32) {
+        if self
+            .conns
+            .get(key)
+            .is_some_and(|c| c.generation == generation && c.state == ConnState::Established)
+        {
+            self.handle_rx(now, key, rx, len);
+        }
+    }
+
+    /// Descriptors new sends leave for replies to received requests.
+    fn reply_reserve(&self) -> usize {
+        (self.slots.total() as usize / 8).max(2)
     }
 
     // ------------------------------------------------------------------ posting
