@@ -101,6 +101,9 @@ fn a_server_paused_past_the_timeout_then_resumed_is_reconnected_and_traffic_resu
     s.signal(libc::SIGSTOP);
     // The client's transmits time out (timeout=3) while the server is stopped.
     let first_error = c.wait_for_line("error:", LINE_WAIT);
+    // Keep it stopped past the LND timeout (3 s): the pause itself is the fault, so this is
+    // a fixed duration, not a wait for a condition.
+    let _ = c.wait_for_line("a line no client prints", Duration::from_secs(4));
     s.signal(libc::SIGCONT);
     assert!(first_error.is_some(), "the client reports the stall");
     let co = c.wait(Duration::from_secs(180));

@@ -423,22 +423,33 @@ fn swarm(a: &Args) -> Result<(), String> {
     let first = u32::from(a.nid.addr());
     let clock = Clock::new();
     let end = clock.now() + a.deadline;
-    let mut nis = Vec::new();
-    for i in 0..a.nis {
-        let nid = Nid::o2ib(std::net::Ipv4Addr::from(first + i));
-        let (d, rx, _up) = start_ni(a, nid, tunables.clone())?;
-        let src = ProcessId::new(nid, ProcessId::PID_LUSTRE);
-        let dst = ProcessId::new(to, ProcessId::PID_LUSTRE);
-        d.send(put_msg(src, dst, to, u64::from(i) + 1, 100)).map_err(|e| format!("send refused: {e}"))?;
-        nis.push((d, rx));
-    }
-    for (i, (_, rx)) in nis.iter().enumerate() {
-        let left = end.saturating_duration_since(clock.now());
-        match rx.recv_timeout(left) {
-            Ok(Done::Send(_, Ok(_))) => {}
-            Ok(Done::Send(_, Err(e))) => return Err(format!("NI {i}: PUT failed: {e}")),
-            _ => return Err(format!("NI {i}: no completion")),
+    // Idle interfaces sleep instead of spinning: hundreds share two cores.
+    tunables.busy_poll_usec = 0;
+    let mut nis: Vec<(Driver, mpsc::Receiver<Done>)> = Vec::new();
+    // Connect in waves of 25, so that hundreds of handshakes do not all compete at once.
+    let mut i = 0u32;
+    while i < a.nis {
+        let wave_end = (i + 25).min(a.nis);
+        let wave_start = nis.len();
+        for j in i..wave_end {
+            let nid = Nid::o2ib(std::net::Ipv4Addr::from(first + j));
+            let (d, rx, _up) = start_ni(a, nid, tunables.clone())?;
+            let src = ProcessId::new(nid, ProcessId::PID_LUSTRE);
+            let dst = ProcessId::new(to, ProcessId::PID_LUSTRE);
+            // Tags unique across swarm processes: the interface's address.
+            let tag = u64::from(u32::from(nid.addr()));
+            d.send(put_msg(src, dst, to, tag, 100)).map_err(|e| format!("send refused: {e}"))?;
+            nis.push((d, rx));
         }
+        for (k, (_, rx)) in nis.iter().enumerate().skip(wave_start) {
+            let left = end.saturating_duration_since(clock.now());
+            match rx.recv_timeout(left) {
+                Ok(Done::Send(_, Ok(_))) => {}
+                Ok(Done::Send(_, Err(e))) => return Err(format!("NI {k}: PUT failed: {e}")),
+                _ => return Err(format!("NI {k}: no completion")),
+            }
+        }
+        i = wave_end;
     }
     println!("swarm: {} connected", nis.len());
     // Hold until the server has closed every connection (it shuts down when it has counted).
