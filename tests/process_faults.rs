@@ -116,3 +116,36 @@ fn a_server_paused_past_the_timeout_then_resumed_is_reconnected_and_traffic_resu
     assert!(co.stdout.contains(&format!("client {NO_LEAKS}")), "{co:?}");
     assert!(so.stdout.contains(&format!("server {NO_LEAKS}")), "{so:?}");
 }
+
+#[test]
+fn two_processes_under_5_percent_injected_loss_and_corruption_verify_every_byte() {
+    let port = unique_port(3).to_string();
+    let conf = tunables_file("loss");
+    let s = spawn(
+        BIN,
+        &[
+            "serve", "--nid", "127.0.0.2@o2ib", "--port", &port, "--tunables", &conf, "--expect", "128", "--loss",
+            "0.05",
+        ],
+    );
+    assert!(s.wait_for_line("serving on", LINE_WAIT).is_some(), "the server starts");
+    let drive = |op: &str| {
+        spawn(
+            BIN,
+            &[
+                "drive", "--nid", "127.0.0.1@o2ib", "--to", "127.0.0.2@o2ib", "--port", &port, "--tunables", &conf,
+                "--op", op, "--size", "262144", "--count", "64", "--window", "8", "--loss", "0.05",
+            ],
+        )
+        .wait(Duration::from_secs(180))
+    };
+    let put = drive("put");
+    let get = drive("get");
+    let so = s.wait(Duration::from_secs(if get.timed_out { 1 } else { 30 }));
+    assert!(put.success && get.success, "put {put:?}\nget {get:?}\nserver {so:?}");
+    assert!(so.success && so.stdout.contains("verified 64 PUTs and 64 GETs"), "{so:?}");
+    assert!(so.stdout.contains(&format!("server {NO_LEAKS}")), "{so:?}");
+    let stats = so.stdout.lines().find(|l| l.starts_with("server stats")).unwrap_or_default().to_owned();
+    println!("5% loss over UDP: 64 PUTs + 64 GETs of 256 KiB verified; {stats}");
+    assert!(!stats.contains("retransmits 0 "), "faults were injected: {stats}");
+}

@@ -316,7 +316,8 @@ fn drive(a: &Args) -> Result<(), String> {
                 Some(t) => t,
                 None => {
                     posted += 1;
-                    posted
+                    // Tags unique across clients of one server: the address, then a count.
+                    (u64::from(u32::from(a.nid.addr())) << 20) + posted
                 }
             };
             let msg = if a.op == "get" {
