@@ -20,7 +20,17 @@ fn hold(procs: u32, per_proc: u32, port: u16) -> (u64, f64) {
     let deadline = "300";
     let server = spawn(
         BIN,
-        &["serve", "--nid", "127.0.0.2@o2ib", "--port", &port, "--expect", &expect, "--deadline-secs", deadline],
+        &[
+            "serve",
+            "--nid",
+            "127.0.0.2@o2ib",
+            "--port",
+            &port,
+            "--expect",
+            &expect,
+            "--deadline-secs",
+            deadline,
+        ],
     );
     assert!(server.wait_for_line("serving on", Duration::from_secs(60)).is_some(), "the server starts");
     let nis = per_proc.to_string();
@@ -29,13 +39,25 @@ fn hold(procs: u32, per_proc: u32, port: u16) -> (u64, f64) {
             let nid = format!("127.0.{}.1@o2ib", 10 + k);
             spawn(
                 BIN,
-                &["swarm", "--nid", &nid, "--nis", &nis, "--to", "127.0.0.2@o2ib", "--port", &port,
-                  "--deadline-secs", deadline],
+                &[
+                    "swarm",
+                    "--nid",
+                    &nid,
+                    "--nis",
+                    &nis,
+                    "--to",
+                    "127.0.0.2@o2ib",
+                    "--port",
+                    &port,
+                    "--deadline-secs",
+                    deadline,
+                ],
             )
         })
         .collect();
     let so = server.wait(Duration::from_secs(400));
-    let outs: Vec<_> = swarms.into_iter().map(|s| s.wait(Duration::from_secs(if so.timed_out { 1 } else { 120 }))).collect();
+    let outs: Vec<_> =
+        swarms.into_iter().map(|s| s.wait(Duration::from_secs(if so.timed_out { 1 } else { 120 }))).collect();
     assert!(so.success, "server {so:?}\nclients {outs:?}");
     for o in &outs {
         assert!(o.success, "client {o:?}");
@@ -44,14 +66,20 @@ fn hold(procs: u32, per_proc: u32, port: u16) -> (u64, f64) {
     // "server: verified N PUTs and 0 GETs, 0 receive errors; C connections, rss X KiB (+D KiB since start)"
     let line = so.stdout.lines().find(|l| l.starts_with("server: verified")).unwrap_or_default().to_owned();
     let field = |after: &str, until: char| -> u64 {
-        line.split(after).nth(1).and_then(|r| r.split(until).next()).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+        line.split(after)
+            .nth(1)
+            .and_then(|r| r.split(until).next())
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
     };
     let conns = field("errors; ", 'c');
     let delta = field("(+", 'K');
     assert_eq!(conns, total, "{line}");
     assert!(so.stdout.contains("server live after shutdown: qps 0 mrs 0 cqs 0 pds 0"), "{so:?}");
     let per_conn = delta as f64 / total as f64;
-    println!("{total} connections held by one server: +{delta} KiB RSS = {per_conn:.1} KiB per idle connection");
+    println!(
+        "{total} connections held by one server: +{delta} KiB RSS = {per_conn:.1} KiB per idle connection"
+    );
     (conns, per_conn)
 }
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 use lnd::fabric::dma::RegisteredBuf;
 use lnd::fabric::soft::{SimNet, SoftConfig, SoftCq, SoftDevice, SoftPd};
 use lnd::fabric::{
-    Access, CompletionQueue, Device, MemoryRegion, PortAddr, QpCaps, QpInitAttr, QpModify, QueuePair,
-    RecvWr, SendFlags, SendOp, SendWr, Wc, WcStatus,
+    Access, CompletionQueue, Device, MemoryRegion, PortAddr, QpCaps, QpInitAttr, QpModify, QueuePair, RecvWr,
+    SendFlags, SendOp, SendWr, Wc, WcStatus,
 };
 use lnd::rng::Rng;
 use lnd::time::Instant;
@@ -43,7 +43,8 @@ fn side(net: &SimNet, n: u8, s: u64) -> Side {
 }
 
 fn qp(s: &Side) -> <SoftDevice as Device>::Qp {
-    let cap = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let cap =
+        QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     s.dev.create_qp(&s.pd, &s.cq, &s.cq, &QpInitAttr { cap, sq_sig_all: false }).unwrap()
 }
 
@@ -63,7 +64,15 @@ fn up(q: &<SoftDevice as Device>::Qp, peer_qpn: u32, peer_ip: Ipv4Addr) {
 
 /// One WRITE of `len` bytes to (`addr`, `rkey`) on a fresh connection (an access error kills
 /// both QPs); whether the target accepted it.
-fn probe(a: &Side, b: &Side, src: &RegisteredBuf<SoftDevice>, addr: u64, rkey: u32, len: u32, now: &mut Instant) -> bool {
+fn probe(
+    a: &Side,
+    b: &Side,
+    src: &RegisteredBuf<SoftDevice>,
+    addr: u64,
+    rkey: u32,
+    len: u32,
+    now: &mut Instant,
+) -> bool {
     let (qa, qb) = (qp(a), qp(b));
     up(&qa, qb.qp_num(), ip(2));
     up(&qb, qa.qp_num(), ip(1));
@@ -163,7 +172,8 @@ fn a_peer_probing_keys_and_ranges_never_writes_outside_a_live_registration() {
             accepted += 1;
             // It must have landed wholly inside the live region its key names.
             let l = live.iter_mut().find(|l| l.reg.rkey() == rkey);
-            let l = l.unwrap_or_else(|| panic!("seed {s}: round {round} kind {kind}: accepted with no live key"));
+            let l =
+                l.unwrap_or_else(|| panic!("seed {s}: round {round} kind {kind}: accepted with no live key"));
             let off = addr.checked_sub(l.reg.addr_at(0)).unwrap_or(u64::MAX) as usize;
             assert!(off.saturating_add(len as usize) <= REGION, "seed {s}: round {round}: write outside");
             l.shadow[off..off + len as usize].fill(0x11);
@@ -219,7 +229,10 @@ fn rkeys_carry_16_random_bits_so_a_stale_key_rarely_matches_the_next_region() {
     // Uniform 16-bit draws give about 1970 distinct keys out of 2000, about as many distinct
     // steps from one key to the next, and a repeat of the previous key once in 65536; a
     // constant fails the first, a counter (one step) the second.
-    println!("rkeys: 2000 registrations in one slot, {} distinct keys, {repeats} equal to the stale one", distinct.len());
+    println!(
+        "rkeys: 2000 registrations in one slot, {} distinct keys, {repeats} equal to the stale one",
+        distinct.len()
+    );
     assert!(distinct.len() >= 1900, "seed {s}: {} distinct", distinct.len());
     assert!(steps.len() >= 1900, "seed {s}: {} distinct steps", steps.len());
     assert!(repeats <= 1, "seed {s}: {repeats} stale keys came back");

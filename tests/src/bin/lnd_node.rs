@@ -173,18 +173,16 @@ fn start(a: &Args) -> Result<(Driver, mpsc::Receiver<Done>, Arc<Upcalls>), Strin
     start_ni(a, a.nid, load_tunables(a)?)
 }
 
-fn start_ni(a: &Args, nid: Nid, tunables: Tunables) -> Result<(Driver, mpsc::Receiver<Done>, Arc<Upcalls>), String> {
+fn start_ni(
+    a: &Args,
+    nid: Nid,
+    tunables: Tunables,
+) -> Result<(Driver, mpsc::Receiver<Done>, Arc<Upcalls>), String> {
     let (tx, rx) = mpsc::channel();
     let up = Arc::new(Upcalls { sinks: Mutex::new(Default::default()), tx: Mutex::new(tx) });
     let p = a.loss;
     let faults = FaultConfig {
-        tx: DirFaults {
-            drop: p,
-            reorder: p,
-            duplicate: p / 2.0,
-            corrupt: p / 2.0,
-            ..DirFaults::NONE
-        },
+        tx: DirFaults { drop: p, reorder: p, duplicate: p / 2.0, corrupt: p / 2.0, ..DirFaults::NONE },
         rx: DirFaults::NONE,
     };
     let cfg = DriverConfig {
@@ -291,7 +289,13 @@ fn put_msg(src: ProcessId, dst: ProcessId, to: Nid, tag: u64, size: usize) -> Ln
         dest: dst,
         src,
         payload_length: size as u32,
-        msg: LnetMsg::Put(PutMsg { ack_wmd: WireHandle::NONE, match_bits: tag, hdr_data: 0, ptl_index: 4, offset: 0 }),
+        msg: LnetMsg::Put(PutMsg {
+            ack_wmd: WireHandle::NONE,
+            match_bits: tag,
+            hdr_data: 0,
+            ptl_index: 4,
+            offset: 0,
+        }),
     };
     let data = Arc::new(Buffer::from_slice(&pattern(tag, size)));
     LndSend { target: to, hdr, payload: vec![Frag::whole(data)], get_sink: None, token: tag }

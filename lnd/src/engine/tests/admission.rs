@@ -97,7 +97,11 @@ struct Flooder {
 
 impl Flooder {
     fn new(sim: &Sim, at: usize) -> Flooder {
-        let dev = SoftDevice::open_sim(&sim.net, ip(at), SoftConfig { seed: sim.seed ^ 77, ..SoftConfig::default() });
+        let dev = SoftDevice::open_sim(
+            &sim.net,
+            ip(at),
+            SoftConfig { seed: sim.seed ^ 77, ..SoftConfig::default() },
+        );
         let port = dev.query_port();
         let cfg = CmConfig::roce(port.addr, ip(at), dev.query_device().node_guid);
         Flooder { dev, cm: Cm::new(cfg, sim.seed ^ 78), rng: Rng::new(sim.seed ^ 79) }

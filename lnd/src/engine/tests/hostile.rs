@@ -143,8 +143,10 @@ fn wrong_version_closes_only_that_connection() {
 #[test]
 fn lying_lengths_close_only_that_connection() {
     // nob larger than what arrived, and nob smaller than the header.
-    let sim =
-        immediate_case(seed(), on_type(MsgType::Immediate, |m| m[8..12].copy_from_slice(&4096u32.to_le_bytes())));
+    let sim = immediate_case(
+        seed(),
+        on_type(MsgType::Immediate, |m| m[8..12].copy_from_slice(&4096u32.to_le_bytes())),
+    );
     assert!(sim.nodes[0].engine.stats().protocol_errors >= 1);
     let sim = immediate_case(
         seed() + 1,
