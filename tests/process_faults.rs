@@ -26,7 +26,19 @@ fn tunables_file(name: &str) -> String {
 fn server(port: &str, conf: &str) -> Running {
     let s = spawn(
         BIN,
-        &["serve", "--nid", "127.0.0.2@o2ib", "--port", port, "--tunables", conf, "--keep-going", "1"],
+        &[
+            "serve",
+            "--nid",
+            "127.0.0.2@o2ib",
+            "--port",
+            port,
+            "--tunables",
+            conf,
+            "--keep-going",
+            "1",
+            "--deadline-secs",
+            "60",
+        ],
     );
     assert!(s.wait_for_line("serving on", LINE_WAIT).is_some(), "the server starts");
     s
@@ -79,7 +91,7 @@ fn a_server_killed_mid_transfer_and_restarted_is_reconnected_and_every_put_lands
     assert!(c.wait_for_line("error:", LINE_WAIT).is_some(), "the client reports the failure");
     let second = server(&port, &conf);
     let co = c.wait(Duration::from_secs(180));
-    let so = second.wait(Duration::from_secs(if co.timed_out { 1 } else { 30 }));
+    let so = second.wait(Duration::from_secs(if co.timed_out { 1 } else { 90 }));
     assert!(co.success, "client {co:?}\nserver {so:?}");
     assert!(so.success, "server {so:?}");
     let errors = errors_reported(&co.stdout);
@@ -101,7 +113,7 @@ fn a_killed_client_leaves_the_server_serving_another() {
     let _ = victim.wait(Duration::from_secs(10));
     let other = client("127.0.0.3@o2ib", &port, &conf, 100, 256 << 10);
     let oo = other.wait(Duration::from_secs(120));
-    let so = s.wait(Duration::from_secs(if oo.timed_out { 1 } else { 30 }));
+    let so = s.wait(Duration::from_secs(if oo.timed_out { 1 } else { 90 }));
     assert!(oo.success, "other client {oo:?}\nserver {so:?}");
     assert!(so.success, "server {so:?}");
     assert_eq!(errors_reported(&oo.stdout), 0, "{oo:?}");
@@ -150,8 +162,8 @@ fn two_processes_under_5_percent_injected_loss_and_corruption_verify_every_byte(
             &port,
             "--tunables",
             &conf,
-            "--expect",
-            "128",
+            "--keep-going",
+            "1",
             "--loss",
             "0.05",
         ],
@@ -180,6 +192,8 @@ fn two_processes_under_5_percent_injected_loss_and_corruption_verify_every_byte(
                 "8",
                 "--loss",
                 "0.05",
+                "--bye",
+                if op == "get" { "1" } else { "0" },
             ],
         )
         .wait(Duration::from_secs(180))
@@ -188,7 +202,10 @@ fn two_processes_under_5_percent_injected_loss_and_corruption_verify_every_byte(
     let get = drive("get");
     let so = s.wait(Duration::from_secs(if get.timed_out { 1 } else { 30 }));
     assert!(put.success && get.success, "put {put:?}\nget {get:?}\nserver {so:?}");
-    assert!(so.success && so.stdout.contains("verified 64 PUTs and 64 GETs"), "{so:?}");
+    // The clients verified every GET; the server verified every PUT. A GET source may end with
+    // ECONNABORTED at the server when the client, having its data, disconnects before the
+    // GET_DONE's acknowledgement survives the loss: the server cannot know it arrived.
+    assert!(so.success && so.stdout.contains("verified 64 PUTs"), "{so:?}");
     assert!(so.stdout.contains(&format!("server {NO_LEAKS}")), "{so:?}");
     let stats = so.stdout.lines().find(|l| l.starts_with("server stats")).unwrap_or_default().to_owned();
     println!("5% loss over UDP: 64 PUTs + 64 GETs of 256 KiB verified; {stats}");

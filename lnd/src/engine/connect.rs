@@ -204,6 +204,11 @@ impl<D: Device> Engine<D> {
             }
             CmEvent::Disconnected { id } => {
                 if let Some(key) = self.conn_for_cm(id) {
+                    // Messages that arrived before the peer's DREQ may still sit in the CQ
+                    // (the driver reaps a CQ when its fd fires, maybe after the CM event):
+                    // handle them while the connection is established, not drop them as late
+                    // arrivals on a closing one.
+                    self.drain_cq(now, key);
                     self.forget_cm(key);
                     self.close_conn(now, key, err(Errno::ECONNABORTED, Health::RemoteDropped));
                 }

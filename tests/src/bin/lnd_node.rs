@@ -202,7 +202,7 @@ fn finish(driver: &Driver, who: &str) {
         println!(
             "{who} stats: connections {} descriptors {}/{} cm_live {} established {} closed {} \
              protocol_errors {} stale_msgs {} tx_timeouts {} send_errors {} accepts_rejected {} \
-             tx_pool_waits {} retransmits {} bad_icrc {}",
+             tx_pool_waits {} retransmits {} bad_icrc {} rx_msgs {} tx_msgs {} stale_completions {}",
             st.connections,
             st.tx_descriptors.0,
             st.tx_descriptors.1,
@@ -216,7 +216,10 @@ fn finish(driver: &Driver, who: &str) {
             e.accepts_rejected,
             e.tx_pool_waits,
             st.fabric.retransmits,
-            st.fabric.bad_icrc
+            st.fabric.bad_icrc,
+            e.rx_msgs,
+            e.tx_msgs,
+            e.stale_completions
         );
     }
     driver.shutdown();
@@ -248,6 +251,7 @@ fn serve(a: &Args) -> Result<(), String> {
     while !bye && (a.expect == 0 || puts + gets < a.expect) {
         let left = end.saturating_duration_since(clock.now());
         if left.is_zero() {
+            finish(&driver, "server");
             return Err(format!("deadline: verified {puts} PUTs and {gets} GETs of {}", a.expect));
         }
         match rx.recv_timeout(left) {
@@ -312,18 +316,14 @@ fn drive(a: &Args) -> Result<(), String> {
     let mut sinks: std::collections::HashMap<u64, Arc<Buffer>> = Default::default();
     let (mut posted, mut done, mut errors) = (0u64, 0u64, 0u64);
     let mut outstanding: std::collections::HashSet<u64> = Default::default();
-    let mut again: std::collections::VecDeque<u64> = Default::default();
     let mut first_done = None;
     while done < a.count {
-        while (posted < a.count || !again.is_empty()) && (outstanding.len() as u64) < a.window {
-            let tag = match again.pop_front() {
-                Some(t) => t,
-                None => {
-                    posted += 1;
-                    // Tags unique across clients of one server: the address, then a count.
-                    (u64::from(u32::from(a.nid.addr())) << 20) + posted
-                }
-            };
+        // A failed operation is redone under a fresh tag: a late failure report for the old
+        // one at the server can then never be mistaken for the new one.
+        while done + (outstanding.len() as u64) < a.count && (outstanding.len() as u64) < a.window {
+            posted += 1;
+            // Tags unique across clients of one server: the address, then a count.
+            let tag = (u64::from(u32::from(a.nid.addr())) << 20) + posted;
             let msg = if a.op == "get" {
                 let sink = Arc::new(Buffer::new(a.size));
                 sinks.insert(tag, sink.clone());
@@ -379,7 +379,6 @@ fn drive(a: &Args) -> Result<(), String> {
                         errors += 1;
                         println!("error: {} {tag} failed: {e}", a.op);
                         sinks.remove(&tag);
-                        again.push_back(tag);
                     }
                     Err(e) => return Err(format!("{} {tag} failed: {e}", a.op)),
                 }
