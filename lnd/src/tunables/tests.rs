@@ -949,7 +949,7 @@ fn to_modprobe_string_round_trips() {
          fmr_flush_trigger=384 fmr_cache=1 use_fastreg_gaps=0 ib_mtu=0 retry_count=5 \
          rnr_retry_count=6 use_privileged_port=1 require_privileged_port=0 ipif_name=ib0 \
          nscheds=0 conns_per_peer=1 wrq_sge=2 peer_timeout=180 peer_buffer_credits=0 \
-         dev_failover=0 tos=-1 busy_poll_usec=50"
+         dev_failover=0 tos=-1 busy_poll_usec=50 accept_nids=\"\""
     );
     check(
         &parse(
@@ -1230,4 +1230,14 @@ fn edit_distance_is_levenshtein() {
     assert_eq!(edit_distance("peer_credit", "peer_credits"), 1);
     assert_eq!(edit_distance("kitten", "sitting"), 3);
     assert_eq!(edit_distance("ntx", "tos"), 3);
+}
+
+#[test]
+fn accept_nids_is_a_comma_separated_nid_list_and_empty_accepts_everyone() {
+    let t = parse("options ko2iblnd accept_nids=10.0.0.2@o2ib,10.0.0.3@o2ib").tunables;
+    assert_eq!(t.accept_nids.len(), 2);
+    assert!(parse("options ko2iblnd accept_nids=\"\"").tunables.accept_nids.is_empty());
+    let e = Tunables::parse_str("f", "options ko2iblnd accept_nids=10.0.0.2@o2ib,bogus").unwrap_err();
+    assert!(e.to_string().contains("accept_nids"), "{e}");
+    assert!(e.to_string().contains("not a comma-separated list of NIDs"), "{e}");
 }
