@@ -99,6 +99,8 @@ fn a_server_killed_mid_transfer_and_restarted_is_reconnected_and_every_put_lands
     assert!(co.stdout.contains("progress 200"), "{co:?}");
     assert!(errors >= 1, "{co:?}");
     assert!(co.stdout.contains(&format!("client {NO_LEAKS}")), "{co:?}");
+    // Before its shutdown, after the fault and the retries: no descriptor still held.
+    assert!(co.stdout.contains(" descriptors 0/"), "{co:?}");
     assert!(so.stdout.contains(&format!("server {NO_LEAKS}")), "{so:?}");
 }
 
@@ -145,6 +147,8 @@ fn a_server_paused_past_the_timeout_then_resumed_is_reconnected_and_traffic_resu
     println!("SIGSTOP server past the timeout, SIGCONT: {errors} errors reported, then 300 PUTs done");
     assert!(co.stdout.contains("progress 300"), "{co:?}");
     assert!(co.stdout.contains(&format!("client {NO_LEAKS}")), "{co:?}");
+    // Before its shutdown, after the fault and the retries: no descriptor still held.
+    assert!(co.stdout.contains(" descriptors 0/"), "{co:?}");
     assert!(so.stdout.contains(&format!("server {NO_LEAKS}")), "{so:?}");
 }
 
