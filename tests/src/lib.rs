@@ -3,7 +3,7 @@
 //! Waits are bounded without sleeping: a thread owns each child and reports its output on a
 //! channel; the test waits on the channel with a timeout and kills the child if it expires.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -27,6 +27,7 @@ pub struct Outcome {
 pub struct Running {
     pid: u32,
     rx: mpsc::Receiver<Outcome>,
+    lines: mpsc::Receiver<String>,
 }
 
 /// Starts `bin` with `args`, capturing stdout and stderr.
@@ -50,6 +51,7 @@ pub fn spawn_with(cmd: &mut Command) -> Running {
         .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
     let pid = child.id();
     let (tx, rx) = mpsc::channel();
+    let (line_tx, lines) = mpsc::channel();
     std::thread::spawn(move || {
         let mut stdout = String::new();
         let mut stderr = String::new();
@@ -62,8 +64,14 @@ pub fn spawn_with(cmd: &mut Command) -> Running {
             }
             s
         });
-        if let Some(mut o) = out {
-            let _ = o.read_to_string(&mut stdout);
+        if let Some(o) = out {
+            // Line by line, so a test can wait for a line while the child runs.
+            for line in BufReader::new(o).lines() {
+                let Ok(line) = line else { break };
+                stdout.push_str(&line);
+                stdout.push('\n');
+                let _ = line_tx.send(line);
+            }
         }
         stderr.push_str(&err_reader.join().unwrap_or_default());
         let status = child.wait().ok();
@@ -75,13 +83,28 @@ pub fn spawn_with(cmd: &mut Command) -> Running {
             timed_out: false,
         });
     });
-    Running { pid, rx }
+    Running { pid, rx, lines }
 }
 
 impl Running {
     /// The child's process id.
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// Waits at most `timeout` for a stdout line containing `needle` (lines before it are
+    /// consumed); the line, or `None` if the deadline passed or the child closed its stdout.
+    pub fn wait_for_line(&self, needle: &str, timeout: Duration) -> Option<String> {
+        let clock = lnd::clock::Clock::new();
+        let deadline = clock.now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(clock.now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return Some(line),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
     }
 
     /// Sends `signal` to the child.

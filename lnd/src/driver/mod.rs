@@ -33,7 +33,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::clock::{Clock, wall_clock_micros};
 use crate::engine::{Engine, EngineConfig, EngineError, EngineStats, FdChange, validate_send};
-use crate::fabric::soft::{SoftConfig, SoftDevice};
+use crate::fabric::soft::{LiveCounts, SoftConfig, SoftDevice};
 use crate::fabric::{Device, FabricError, FabricStats};
 use crate::tunables::Tunables;
 
@@ -117,6 +117,10 @@ pub struct DriverStats {
     pub tx_descriptors: (usize, u32),
     /// Scheduler turns.
     pub turns: u64,
+    /// Connection ids the CM holds (the listener's included).
+    pub cm_live: usize,
+    /// Whether the engine holds nothing: no connection, no transmit, no waiting work.
+    pub idle: bool,
 }
 
 enum Cmd {
@@ -141,6 +145,8 @@ pub struct Driver {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The scheduler thread: a command it queues itself (from an upcall) needs no wake-up.
     scheduler: ThreadId,
+    /// A handle on the software device, for leak checks after shutdown.
+    soft: Option<SoftDevice>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -158,7 +164,10 @@ impl Driver {
                 let soft = SoftConfig { name: format!("soft-{}", nid.addr()), ..soft };
                 let dev = SoftDevice::open_udp(nid.addr(), soft)
                     .map_err(|source| DriverError::Fabric { nid, source })?;
-                Driver::start_on(dev, config, upcalls)
+                let handle = dev.clone();
+                let mut driver = Driver::start_on(dev, config, upcalls)?;
+                driver.soft = Some(handle);
+                Ok(driver)
             }
             #[cfg(feature = "verbs")]
             FabricChoice::Verbs(vc) => {
@@ -195,7 +204,7 @@ impl Driver {
             .name(format!("o2iblnd-{}", nid.addr()))
             .spawn(move || Scheduler::new(engine, poll, s2, busy_poll_usec).run())?;
         let scheduler = thread.thread().id();
-        Ok(Driver { shared, thread: Mutex::new(Some(thread)), scheduler })
+        Ok(Driver { shared, thread: Mutex::new(Some(thread)), scheduler, soft: None })
     }
 
     fn push(&self, cmd: Cmd) {
@@ -205,6 +214,13 @@ impl Driver {
         if std::thread::current().id() != self.scheduler {
             let _ = self.shared.waker.wake();
         }
+    }
+
+    /// The objects still alive on the software device (QPs, MRs, CQs, PDs), when the driver
+    /// runs on one. After [`Lnd::shutdown`] every count is zero unless something leaked (LNet
+    /// buffers still held by the caller keep their cached registrations).
+    pub fn soft_live_counts(&self) -> Option<LiveCounts> {
+        self.soft.as_ref().map(SoftDevice::live_counts)
     }
 
     /// Counters (asks the scheduler; `None` if it does not answer in time).
@@ -312,6 +328,8 @@ impl<D: Device> Scheduler<D> {
                             connections: self.engine.connections(),
                             tx_descriptors: self.engine.tx_descriptors(),
                             turns: self.turns,
+                            cm_live: self.engine.cm_live(),
+                            idle: self.engine.is_idle(),
                         });
                     }
                     Cmd::Shutdown => {

@@ -205,6 +205,8 @@ impl<D: Device> Engine<D> {
             }
             CmEvent::Disconnected { id } => {
                 if let Some(key) = self.conn_for_cm(id) {
+                    // Messages and ACKs that arrived before the peer's DREQ may still sit in
+                    // the CQ: `close_conn` reaps them while the connection is established.
                     self.forget_cm(key);
                     self.close_conn(now, key, err(Errno::ECONNABORTED, Health::RemoteDropped));
                 }
@@ -259,6 +261,12 @@ impl<D: Device> Engine<D> {
             return self.reject(now, id, RejectReason::Fatal);
         }
         if h.srcnid.addr() != cma.src || from.gid.to_ipv4().is_some_and(|ip| ip != h.srcnid.addr()) {
+            return self.reject(now, id, RejectReason::Fatal);
+        }
+        let allow = &self.cfg.tunables.accept_nids;
+        if !allow.is_empty() && !allow.contains(&h.srcnid) {
+            // o2iblnd refuses an unwanted peer (wrong NID, unprivileged port) with FATAL.
+            self.stats.accepts_refused_nid += 1;
             return self.reject(now, id, RejectReason::Fatal);
         }
         if h.dststamp != 0 && h.dststamp != self.cfg.incarnation {

@@ -129,10 +129,15 @@ pub struct EngineStats {
     pub conns_closed: u64,
     /// Connection attempts rejected by the peer.
     pub connects_rejected: u64,
-    /// Connection requests this side rejected.
+    /// Connection requests this side rejected (any reason, allow-list refusals included).
     pub accepts_rejected: u64,
+    /// Connection requests rejected because the peer's NID is not in `accept_nids` (also
+    /// counted in `accepts_rejected`).
+    pub accepts_refused_nid: u64,
     /// Connections closed for a protocol error by the peer.
     pub protocol_errors: u64,
+    /// Connections closed because a message named the wrong NIDs or incarnation stamps.
+    pub stale_msgs: u64,
     /// Transmits that timed out.
     pub tx_timeouts: u64,
     /// Sends that waited for a free descriptor.
@@ -711,23 +716,40 @@ impl<D: Device> Engine<D> {
         }
     }
 
-    /// Sends and replies that waited for a free descriptor.
+    /// Sends and replies that waited for a free descriptor. Replies to received requests go
+    /// first and may use the last descriptors: they finish without needing another one, so
+    /// they always free what they take. New sends leave [`Engine::reply_reserve`] descriptors
+    /// free; otherwise two peers whose pools are full of requests waiting for each other's
+    /// replies would wait forever.
     fn retry_waiting(&mut self, now: Instant) {
         while self.slots.available() > 0 {
-            let Some(w) = self.waiting.pop_front() else { break };
-            match w {
-                Waiting::Send(msg) => self.launch(now, msg),
-                Waiting::Rx(key, generation, rx, len) => {
-                    if self
-                        .conns
-                        .get(key)
-                        .is_some_and(|c| c.generation == generation && c.state == ConnState::Established)
-                    {
-                        self.handle_rx(now, key, rx, len);
-                    }
-                }
+            let Some(pos) = self.waiting.iter().position(|w| matches!(w, Waiting::Rx(..))) else { break };
+            if let Some(Waiting::Rx(key, generation, rx, len)) = self.waiting.remove(pos) {
+                self.retry_rx(now, key, generation, rx, len);
             }
         }
+        while self.slots.available() > self.reply_reserve() {
+            let Some(w) = self.waiting.pop_front() else { break };
+            match w {
+                Waiting::Send(msg) => self.launch_now(now, msg),
+                Waiting::Rx(key, generation, rx, len) => self.retry_rx(now, key, generation, rx, len),
+            }
+        }
+    }
+
+    fn retry_rx(&mut self, now: Instant, key: usize, generation: u32, rx: u32, len: u32) {
+        if self
+            .conns
+            .get(key)
+            .is_some_and(|c| c.generation == generation && c.state == ConnState::Established)
+        {
+            self.handle_rx(now, key, rx, len);
+        }
+    }
+
+    /// Descriptors new sends leave for replies to received requests.
+    fn reply_reserve(&self) -> usize {
+        (self.slots.total() as usize / 8).max(2)
     }
 
     // ------------------------------------------------------------------ posting
@@ -869,9 +891,10 @@ impl<D: Device> Engine<D> {
             return None;
         }
         // Completions already on the CQ happened before whatever closes the connection (the
-        // peer acknowledged our last send before it sent its DREQ, but the CQ's notification
-        // may not have been seen yet): reap them first, so that a send the peer received
-        // completes as sent, not as aborted. Not when completions are being reaped already.
+        // peer acknowledged our last send, or sent its last message, before its DREQ, but the
+        // CQ's notification may not have been seen yet): reap them first, so that a send the
+        // peer received completes as sent and a message it sent is delivered, not dropped as
+        // a late arrival on a closing connection. Not when completions are being reaped.
         if conn.state == ConnState::Established && !self.reaping {
             self.drain_cq(now, key);
             if self.conns.get(key).is_none_or(|c| c.state == ConnState::Closing) {

@@ -71,8 +71,10 @@ impl<D: Device> Engine<D> {
     }
 
     fn close_for(&mut self, now: Instant, key: usize, e: LndError) -> After {
-        if e.errno == Errno::EPROTO {
-            self.stats.protocol_errors += 1;
+        match e.errno {
+            Errno::EPROTO => self.stats.protocol_errors += 1,
+            Errno::ESTALE => self.stats.stale_msgs += 1,
+            _ => {}
         }
         self.close_conn(now, key, e);
         After::Closed
@@ -80,6 +82,7 @@ impl<D: Device> Engine<D> {
 
     fn dispatch(&mut self, now: Instant, key: usize, rx: u32, len: u32, bytes: &[u8]) -> After {
         let Ok(msg) = unpack(bytes) else { return self.close_for(now, key, proto()) };
+        let no_slot = self.slots.available() == 0;
         let Some(conn) = self.conns.get_mut(key) else { return After::Closed };
         let ident = ConnIdentity {
             peer_nid: conn.peer,
@@ -89,6 +92,12 @@ impl<D: Device> Engine<D> {
         };
         if check_conn(&msg.hdr, &ident).is_err() {
             return self.close_for(now, key, err(Errno::ESTALE, Health::RemoteError));
+        }
+        // A request whose answer needs a descriptor waits for one before anything in it is
+        // taken into account: it is dispatched again, whole, when a descriptor frees.
+        let needs_tx = matches!(msg.body, MsgBody::PutReq(_) | MsgBody::GetReq(_));
+        if needs_tx && no_slot {
+            return After::Defer;
         }
         if conn.credits.credits_returned(u32::from(msg.hdr.credits)).is_err() {
             return self.close_for(now, key, proto());
@@ -116,9 +125,6 @@ impl<D: Device> Engine<D> {
                 After::Repost(RxRepost::PeerCredit)
             }
             MsgBody::PutReq(m) => {
-                if self.slots.available() == 0 {
-                    return After::Defer;
-                }
                 let Ok(hdr) = LnetHdr::decode(m.lnet_hdr) else { return self.close_for(now, key, proto()) };
                 let disp = self.upcalls.recv(peer, &hdr, true);
                 self.answer_put_req(now, key, m.cookie, disp)
@@ -145,9 +151,6 @@ impl<D: Device> Engine<D> {
                 After::Repost(RxRepost::PeerCredit)
             }
             MsgBody::GetReq(m) => {
-                if self.slots.available() == 0 {
-                    return After::Defer;
-                }
                 let Ok(hdr) = LnetHdr::decode(m.lnet_hdr) else { return self.close_for(now, key, proto()) };
                 let disp = self.upcalls.recv(peer, &hdr, true);
                 self.answer_get_req(now, key, m.cookie, m.rd, disp);

@@ -119,11 +119,20 @@ impl<D: Device> Engine<D> {
             self.upcalls.send_done(msg.token, Err(err(Errno::ESHUTDOWN, Health::LocalDropped)));
             return;
         }
-        if self.slots.available() == 0 || !self.waiting.is_empty() {
+        // First come, first served: behind earlier waiting sends, and never into the reserve
+        // kept for replies.
+        let sends_waiting = self.waiting.iter().any(|w| matches!(w, Waiting::Send(_)));
+        if sends_waiting || self.slots.available() <= self.reply_reserve() {
             self.stats.tx_pool_waits += 1;
             self.waiting.push_back(Waiting::Send(msg));
             return;
         }
+        self.launch_now(now, msg);
+    }
+
+    /// [`Engine::launch`] for a send whose turn has come (it takes a descriptor if one is
+    /// free, or goes back to the head of the queue).
+    pub(super) fn launch_now(&mut self, now: Instant, msg: LndSend) {
         let payload_len = frags_len(&msg.payload).unwrap_or(usize::MAX);
         let sink_len = msg.get_sink.as_deref().and_then(frags_len);
         let kind = msg.hdr.msg_type();
@@ -141,7 +150,7 @@ impl<D: Device> Engine<D> {
             MsgType::PutReq
         };
         let Some(txk) = self.new_tx(now, msg.target, msg_type, Upper::Send(msg.token)) else {
-            self.waiting.push_back(Waiting::Send(msg));
+            self.waiting.push_front(Waiting::Send(msg));
             return;
         };
         let built = match msg_type {

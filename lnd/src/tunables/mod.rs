@@ -138,6 +138,11 @@ pub struct Tunables {
     /// the device after its last piece of work before it sleeps in the poller. Trades CPU for
     /// latency while traffic flows; an idle interface still sleeps. Default 50; 0..=1000000.
     pub busy_poll_usec: u32,
+    /// **lnd-rs extension** (no o2iblnd equivalent): the peer NIDs allowed to connect to this
+    /// interface; a connection request from any other NID is rejected with o2iblnd's FATAL
+    /// reason and counted. Empty (the default) accepts every peer of the network. Written as
+    /// a comma-separated list: `accept_nids="10.0.0.2@o2ib,10.0.0.3@o2ib"`.
+    pub accept_nids: Vec<lnet_shim::nid::Nid>,
     /// Seconds without news before LNet declares a peer (router) dead; 0 disables. Default
     /// 180; negative treated as 0.
     pub peer_timeout: u32,
@@ -179,6 +184,7 @@ impl Default for Tunables {
             conns_per_peer: 1,
             wrq_sge: 2,
             busy_poll_usec: 50,
+            accept_nids: Vec::new(),
             peer_timeout: 180,
             peer_buffer_credits: 0,
             dev_failover: 0,

@@ -187,6 +187,8 @@ impl<'a> Reader<'a> {
         let parsed = match (p.kind(), raw.map(unquote)) {
             // A bare flag means "on", as the kernel's bool parameters.
             (Kind::Bool, None) => Value::Bool(true),
+            // An empty list: accept every peer (the default, written out).
+            (Kind::Str, Some("")) if p == Param::AcceptNids => Value::Str(String::new()),
             (_, None | Some("")) => return Err(TunablesError::MissingValue { at, key }),
             (Kind::Bool, Some(v)) => match params::parse_bool(v) {
                 Some(b) => Value::Bool(b),

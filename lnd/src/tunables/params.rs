@@ -69,10 +69,12 @@ pub(crate) enum Param {
     Tos,
     /// lnd-rs extension (not an o2iblnd parameter).
     BusyPollUsec,
+    /// lnd-rs extension (not an o2iblnd parameter).
+    AcceptNids,
 }
 
 /// Number of current parameters.
-pub(crate) const NPARAMS: usize = 28;
+pub(crate) const NPARAMS: usize = 29;
 
 impl Param {
     pub(crate) const ALL: [Param; NPARAMS] = [
@@ -104,6 +106,7 @@ impl Param {
         Param::DevFailover,
         Param::Tos,
         Param::BusyPollUsec,
+        Param::AcceptNids,
     ];
 
     /// The module parameter name.
@@ -137,6 +140,7 @@ impl Param {
             Param::DevFailover => "dev_failover",
             Param::Tos => "tos",
             Param::BusyPollUsec => "busy_poll_usec",
+            Param::AcceptNids => "accept_nids",
         }
     }
 
@@ -147,7 +151,7 @@ impl Param {
             | Param::UseFastregGaps
             | Param::UsePrivilegedPort
             | Param::RequirePrivilegedPort => Kind::Bool,
-            Param::IpifName => Kind::Str,
+            Param::IpifName | Param::AcceptNids => Kind::Str,
             _ => Kind::Int,
         }
     }
@@ -254,6 +258,9 @@ fn field_value(t: &Tunables, p: Param) -> Value {
         Param::DevFailover => int(t.dev_failover),
         Param::Tos => Value::Int(i64::from(t.tos)),
         Param::BusyPollUsec => int(t.busy_poll_usec),
+        Param::AcceptNids => {
+            Value::Str(t.accept_nids.iter().map(ToString::to_string).collect::<Vec<_>>().join(","))
+        }
     }
 }
 
@@ -344,6 +351,15 @@ fn bad_ifname(name: &str) -> Option<&'static str> {
         );
     }
     None
+}
+
+/// Parses `accept_nids`: NIDs separated by commas (blanks around them allowed); empty is the
+/// empty list; `None` if any entry is not a NID.
+fn parse_nid_list(s: &str) -> Option<Vec<lnet_shim::nid::Nid>> {
+    if s.trim().is_empty() {
+        return Some(Vec::new());
+    }
+    s.split(',').map(|n| n.trim().parse().ok()).collect()
 }
 
 /// Applies o2iblnd's rules to a complete set of values.
@@ -468,6 +484,15 @@ impl Rules<'_> {
             self.uint_in(P::DevFailover, 0, 2, "0 (off), 1 (on) or 2 (forced, for debugging)")?;
         let tos = self.int_in(P::Tos, -1, 255, "-1 (unset) or 0..=255")?;
         let busy_poll_usec = self.uint_in(P::BusyPollUsec, 0, 1_000_000, "0 (never spin) ..= 1000000")?;
+        let accept_nids = match &self.s.get(P::AcceptNids).value {
+            Value::Str(s) => parse_nid_list(s).ok_or_else(|| TunablesError::InvalidString {
+                at: self.at(P::AcceptNids),
+                key: P::AcceptNids.name().to_owned(),
+                value: self.text(P::AcceptNids).to_owned(),
+                reason: "not a comma-separated list of NIDs (e.g. 10.0.0.2@o2ib,10.0.0.3@o2ib)",
+            })?,
+            _ => Vec::new(),
+        };
 
         // peer_credits (the queue depth Q): at least IBLND_CREDITS_DEFAULT, at most
         // IBLND_CREDITS_MAX, and never above credits; in that order, as o2iblnd.
@@ -613,6 +638,7 @@ impl Rules<'_> {
             dev_failover,
             tos: i32::try_from(tos).unwrap_or(-1),
             busy_poll_usec,
+            accept_nids,
         })
     }
 }

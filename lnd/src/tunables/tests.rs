@@ -108,6 +108,7 @@ options ko2iblnd fmr_flush_trigger=400 fmr_cache=0 use_fastreg_gaps=1 ib_mtu=204
 options ko2iblnd rnr_retry_count=7 use_privileged_port=0 require_privileged_port=1 ipif_name=ib1
 options ko2iblnd nscheds=3 conns_per_peer=4 wrq_sge=4 peer_timeout=0 peer_buffer_credits=16
 options ko2iblnd dev_failover=1 tos=106 busy_poll_usec=7
+options ko2iblnd accept_nids='10.0.0.2@o2ib, 10.0.0.3@o2ib1'
 ";
     for name in Tunables::parameter_names().filter(|&n| n != "map_on_demand") {
         assert!(text.contains(&format!(" {name}=")), "test text misses {name}");
@@ -144,6 +145,7 @@ options ko2iblnd dev_failover=1 tos=106 busy_poll_usec=7
         dev_failover: 1,
         tos: 106,
         busy_poll_usec: 7,
+        accept_nids: vec!["10.0.0.2@o2ib".parse().unwrap(), "10.0.0.3@o2ib1".parse().unwrap()],
     };
     assert_eq!(t, expected);
 }
@@ -947,7 +949,7 @@ fn to_modprobe_string_round_trips() {
          fmr_flush_trigger=384 fmr_cache=1 use_fastreg_gaps=0 ib_mtu=0 retry_count=5 \
          rnr_retry_count=6 use_privileged_port=1 require_privileged_port=0 ipif_name=ib0 \
          nscheds=0 conns_per_peer=1 wrq_sge=2 peer_timeout=180 peer_buffer_credits=0 \
-         dev_failover=0 tos=-1 busy_poll_usec=50"
+         dev_failover=0 tos=-1 busy_poll_usec=50 accept_nids=\"\""
     );
     check(
         &parse(
@@ -1037,6 +1039,7 @@ fn random_tunables(rng: &mut Rng) -> Tunables {
         dev_failover: rng.range(0, 2),
         tos: rng.range(0, 256) as i32 - 1,
         busy_poll_usec: rng.range(0, 1000),
+        accept_nids: (0..rng.range(0, 3)).map(|i| format!("10.0.0.{i}@o2ib").parse().unwrap()).collect(),
     }
 }
 
@@ -1227,4 +1230,14 @@ fn edit_distance_is_levenshtein() {
     assert_eq!(edit_distance("peer_credit", "peer_credits"), 1);
     assert_eq!(edit_distance("kitten", "sitting"), 3);
     assert_eq!(edit_distance("ntx", "tos"), 3);
+}
+
+#[test]
+fn accept_nids_is_a_comma_separated_nid_list_and_empty_accepts_everyone() {
+    let t = parse("options ko2iblnd accept_nids=10.0.0.2@o2ib,10.0.0.3@o2ib").tunables;
+    assert_eq!(t.accept_nids.len(), 2);
+    assert!(parse("options ko2iblnd accept_nids=\"\"").tunables.accept_nids.is_empty());
+    let e = Tunables::parse_str("f", "options ko2iblnd accept_nids=10.0.0.2@o2ib,bogus").unwrap_err();
+    assert!(e.to_string().contains("accept_nids"), "{e}");
+    assert!(e.to_string().contains("not a comma-separated list of NIDs"), "{e}");
 }

@@ -136,42 +136,59 @@ fn wrong_magic_closes_only_that_connection() {
 
 #[test]
 fn wrong_version_closes_only_that_connection() {
-    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[4] = 0x77));
+    let sim = immediate_case(seed(), on_type(MsgType::Immediate, |m| m[4] = 0x77));
+    assert!(sim.nodes[0].engine.stats().protocol_errors >= 1);
 }
 
 #[test]
 fn lying_lengths_close_only_that_connection() {
     // nob larger than what arrived, and nob smaller than the header.
-    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[8..12].copy_from_slice(&4096u32.to_le_bytes())));
-    immediate_case(
+    let sim = immediate_case(
+        seed(),
+        on_type(MsgType::Immediate, |m| m[8..12].copy_from_slice(&4096u32.to_le_bytes())),
+    );
+    assert!(sim.nodes[0].engine.stats().protocol_errors >= 1);
+    let sim = immediate_case(
         seed() + 1,
         on_type(MsgType::Immediate, |m| m[8..12].copy_from_slice(&20u32.to_le_bytes())),
     );
+    assert!(sim.nodes[0].engine.stats().protocol_errors >= 1);
 }
 
 #[test]
 fn wrong_source_nid_is_stale_and_closes_only_that_connection() {
-    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[16] ^= 1));
+    let sim = immediate_case(seed(), on_type(MsgType::Immediate, |m| m[16] ^= 1));
+    assert!(sim.nodes[0].engine.stats().stale_msgs >= 1);
+}
+
+#[test]
+fn wrong_destination_nid_is_stale_and_closes_only_that_connection() {
+    let sim = immediate_case(seed(), on_type(MsgType::Immediate, |m| m[32] ^= 1));
+    assert!(sim.nodes[0].engine.stats().stale_msgs >= 1);
 }
 
 #[test]
 fn wrong_stamps_are_stale_and_close_only_that_connection() {
-    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[24] ^= 1));
-    immediate_case(seed() + 1, on_type(MsgType::Immediate, |m| m[40] ^= 1));
+    let sim = immediate_case(seed(), on_type(MsgType::Immediate, |m| m[24] ^= 1));
+    assert!(sim.nodes[0].engine.stats().stale_msgs >= 1);
+    let sim = immediate_case(seed() + 1, on_type(MsgType::Immediate, |m| m[40] ^= 1));
+    assert!(sim.nodes[0].engine.stats().stale_msgs >= 1);
 }
 
 #[test]
 fn credit_overflow_closes_only_that_connection() {
-    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[7] = 200));
+    let sim = immediate_case(seed(), on_type(MsgType::Immediate, |m| m[7] = 200));
+    assert!(sim.nodes[0].engine.stats().protocol_errors >= 1);
 }
 
 #[test]
 fn a_garbled_lnet_header_closes_only_that_connection() {
     // The LNet message type inside the IMMEDIATE (bytes 48+24..) becomes unknown.
-    immediate_case(
+    let sim = immediate_case(
         seed(),
         on_type(MsgType::Immediate, |m| m[48 + 24..48 + 28].copy_from_slice(&99u32.to_le_bytes())),
     );
+    assert!(sim.nodes[0].engine.stats().protocol_errors >= 1);
 }
 
 /// Node 0 PUTs 256 KiB to node 1, whose PUT_ACK `rule` mangles.
@@ -218,6 +235,7 @@ fn a_descriptor_pointing_outside_the_sink_writes_nothing() {
 #[test]
 fn an_unexpected_message_type_closes_only_that_connection() {
     // A CONNACK type on an established connection.
-    immediate_case(seed(), on_type(MsgType::Immediate, |m| m[6] = MsgType::ConnAck.as_u8()));
+    let sim = immediate_case(seed(), on_type(MsgType::Immediate, |m| m[6] = MsgType::ConnAck.as_u8()));
+    assert!(sim.nodes[0].engine.stats().protocol_errors >= 1);
     let _ = Errno::EPROTO;
 }

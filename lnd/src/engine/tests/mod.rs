@@ -327,8 +327,10 @@ pub(crate) fn split(buf: &Arc<Buffer>, off: usize, len: usize, pieces: usize, rn
     frags
 }
 
+mod admission;
 mod connect;
 mod hostile;
+mod soak;
 
 #[test]
 fn two_engines_connect_and_exchange_an_immediate_put() {
@@ -486,6 +488,8 @@ pub(crate) struct Workload {
     live: HashMap<u64, Transfer>,
     pub(crate) issued: u64,
     pub(crate) verified: u64,
+    /// Payload bytes compared against their pattern (in verified transfers).
+    pub(crate) bytes_verified: u64,
     pub(crate) failed: u64,
     total: u64,
     window: usize,
@@ -500,6 +504,7 @@ impl Workload {
             live: HashMap::new(),
             issued: 0,
             verified: 0,
+            bytes_verified: 0,
             failed: 0,
             total,
             window,
@@ -626,6 +631,7 @@ impl Workload {
                     );
                 }
                 self.verified += 1;
+                self.bytes_verified += t.len as u64;
             } else {
                 self.failed += 1;
             }
