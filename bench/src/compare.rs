@@ -327,9 +327,11 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 });
             }
         }
-        let tcp = if have_iperf { iperf3(size, args.duration, next_port()) } else { None };
+        // iperf3 writes at most 1 MiB per call (-l).
+        let len = size.min(1 << 20);
+        let tcp = if have_iperf { iperf3(len, args.duration, next_port()) } else { None };
         print_line(&Line {
-            what: format!("brw write {sz} c{c} vs iperf3 TCP -l {sz}"),
+            what: format!("brw write {sz} c{c} vs iperf3 TCP -l {}", report::size_name(len)),
             peer: tcp.map(|x| x.0),
             ours: mib(w),
             unit: "MiB/s",
