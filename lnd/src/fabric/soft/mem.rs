@@ -9,8 +9,11 @@
 //! accesses happen under the device lock that deregistration also takes, so by the contract of
 //! [`crate::fabric::Device::reg_mr`] the memory is valid whenever an entry is found.
 //!
-//! Keys are `index << 16 | 16 random bits`: a peer cannot guess a live key from a stale one,
-//! and a deregistered key never matches again until its slot is reused with new random bits.
+//! Keys are `index << 16 | variant`. A slot's variants are a random permutation of the 65,536
+//! 16-bit values, walked one step per registration (a 4-round Feistel network on the slot's
+//! registration count, keyed with 64 random bits drawn when the slot is created): a peer cannot
+//! guess a live key from stale ones, and a deregistered key never matches again until its slot
+//! has been registered 65,536 more times. (An HCA's 8-bit key variant is a plain counter.)
 
 use crate::fabric::Access;
 use crate::rng::Rng;
@@ -54,6 +57,8 @@ struct MrEntry {
 #[derive(Debug)]
 pub(crate) struct MrTable {
     slots: Vec<Option<MrEntry>>,
+    /// Per slot: the key permutation's secret and how many times the slot was registered.
+    variants: Vec<(u64, u16)>,
     free: Vec<u16>,
     live: u32,
     max: u32,
@@ -62,7 +67,7 @@ pub(crate) struct MrTable {
 impl MrTable {
     /// A table holding at most `max` regions (at most 65536).
     pub(crate) fn new(max: u32) -> MrTable {
-        MrTable { slots: Vec::new(), free: Vec::new(), live: 0, max: max.min(1 << 16) }
+        MrTable { slots: Vec::new(), variants: Vec::new(), free: Vec::new(), live: 0, max: max.min(1 << 16) }
     }
 
     /// Number of live regions.
@@ -89,10 +94,13 @@ impl MrTable {
                     return None;
                 }
                 self.slots.push(None);
+                self.variants.push((rng.next_u64(), 0));
                 self.slots.len() - 1
             }
         };
-        let key = ((index as u32) << 16) | (rng.next_u32() & 0xffff);
+        let (secret, count) = self.variants.get_mut(index).map(|v| (v.0, &mut v.1))?;
+        let key = ((index as u32) << 16) | u32::from(variant(secret, *count));
+        *count = count.wrapping_add(1);
         if let Some(slot) = self.slots.get_mut(index) {
             *slot = Some(MrEntry { key, pd, addr, len, access });
         }
@@ -101,6 +109,8 @@ impl MrTable {
     }
 
     /// Removes the region with this key; false if it was not live.
+    ///
+    /// (The slot's next key is the next step of its permutation; see the module notes.)
     pub(crate) fn deregister(&mut self, key: u32) -> bool {
         let index = (key >> 16) as usize;
         match self.slots.get_mut(index) {
@@ -248,9 +258,65 @@ impl MrTable {
     }
 }
 
+/// Step `count` of the permutation keyed by `secret`: a 4-round Feistel network on two bytes,
+/// a bijection of the 16-bit values whatever the round function.
+fn variant(secret: u64, count: u16) -> u16 {
+    let [mut l, mut r] = count.to_be_bytes();
+    for k in secret.to_le_bytes().chunks_exact(2) {
+        let f = (r ^ k[0]).wrapping_mul(0x9d).rotate_left(3) ^ k[1];
+        (l, r) = (r, l ^ f);
+    }
+    u16::from_be_bytes([l, r])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stale key never works again: 65,536 registrations of one slot all get different keys,
+    /// and none of the earlier keys reaches the live region. Two tables (two devices, or two
+    /// slots) walk different sequences.
+    #[test]
+    fn a_stale_key_never_matches_until_the_slot_is_reused_65536_times() {
+        let mut rng = Rng::new(7);
+        let mut t = MrTable::new(1);
+        let mut buf = vec![0u8; 16];
+        let base = buf.as_mut_ptr() as u64;
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let mut seen = std::collections::HashSet::new();
+        let mut previous = None;
+        for _ in 0..1u32 << 16 {
+            let key = t.register(1, base, 16, access, &mut rng).unwrap();
+            assert!(seen.insert(key), "key {key:#x} came back");
+            if let Some(stale) = previous {
+                assert_eq!(t.write(1, stale, base, &[1], Access::REMOTE_WRITE), Err(MemFault::BadKey));
+            }
+            assert!(t.deregister(key));
+            previous = Some(key);
+        }
+        assert_eq!(seen.len(), 1 << 16);
+        // The sequence is the slot's own: another table's first keys differ.
+        let mut other = MrTable::new(1);
+        let mut rng2 = Rng::new(8);
+        let firsts: Vec<u32> = (0..4)
+            .map(|_| {
+                let k = other.register(1, base, 16, access, &mut rng2).unwrap();
+                other.deregister(k);
+                k
+            })
+            .collect();
+        let mut again = MrTable::new(1);
+        let mut rng1 = Rng::new(7);
+        let mine: Vec<u32> = (0..4)
+            .map(|_| {
+                let k = again.register(1, base, 16, access, &mut rng1).unwrap();
+                again.deregister(k);
+                k
+            })
+            .collect();
+        assert_ne!(firsts, mine);
+        assert!(buf.iter().all(|&b| b == 0), "no stale key wrote");
+    }
 
     #[test]
     fn checks_key_pd_access_and_range_before_touching_memory() {
