@@ -71,6 +71,8 @@ impl Node {
             Fabric::Verbs => FabricChoice::Verbs(lnd::fabric::verbs::VerbsConfig {
                 ipv4: Some(opts.nid.addr()),
                 mad_port: tunables.service,
+                use_privileged_port: tunables.use_privileged_port,
+                require_privileged_port: tunables.require_privileged_port,
                 ..Default::default()
             }),
             #[cfg(not(feature = "verbs"))]

@@ -110,6 +110,11 @@ pub struct VerbsConfig {
     pub traffic_class: u8,
     /// Service level of the address vector.
     pub service_level: u8,
+    /// o2iblnd's `use_privileged_port`: open side-channel connections from a reserved port
+    /// (needs root or `CAP_NET_BIND_SERVICE`; without it, an ordinary port, counted).
+    pub use_privileged_port: bool,
+    /// o2iblnd's `require_privileged_port`: refuse side-channel connections from ports ≥ 1024.
+    pub require_privileged_port: bool,
 }
 
 impl Default for VerbsConfig {
@@ -122,6 +127,8 @@ impl Default for VerbsConfig {
             mad_port: DEFAULT_MAD_PORT,
             traffic_class: 0,
             service_level: 0,
+            use_privileged_port: true,
+            require_privileged_port: false,
         }
     }
 }
@@ -423,13 +430,18 @@ impl VerbsDevice {
         let learned = Arc::new(Mutex::new(HashMap::new()));
         let local = FrameHeader { ip: ipv4.unwrap_or(Ipv4Addr::UNSPECIFIED), gid: c.gid.gid, lid };
         let listen = SocketAddr::from((ipv4.unwrap_or(Ipv4Addr::UNSPECIFIED), config.mad_port));
-        let channel = SideChannel::bind(listen, config.mad_port, local, learned.clone()).map_err(|e| {
-            FabricError::io(
-                "listen for the MAD side channel",
-                io::Error::new(e.kind(), format!("{listen}: {e}")),
-            )
-        })?;
+        let mut channel =
+            SideChannel::bind(listen, config.mad_port, local, learned.clone()).map_err(|e| {
+                FabricError::io(
+                    "listen for the MAD side channel",
+                    io::Error::new(e.kind(), format!("{listen}: {e}")),
+                )
+            })?;
         channel.register_extra(c.ctx.async_fd()).map_err(|e| FabricError::io("epoll_ctl(async fd)", e))?;
+        channel.set_port_policy(side::PortPolicy {
+            use_privileged: config.use_privileged_port,
+            require_privileged: config.require_privileged_port,
+        });
         let core =
             Arc::new(Core { ctx: c.ctx, name: c.name, path, mrs: RwLock::new(HashMap::new()), learned });
         Ok(VerbsDevice {

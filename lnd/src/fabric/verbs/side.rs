@@ -45,7 +45,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -159,7 +159,29 @@ pub struct SideStats {
     pub connects: u64,
     /// Outgoing connections that failed or broke.
     pub connect_failures: u64,
+    /// Incoming connections refused because their source port was not privileged
+    /// ([`PortPolicy::require_privileged`]).
+    pub refused_unprivileged: u64,
+    /// Outgoing connections made from an unprivileged port although
+    /// [`PortPolicy::use_privileged`] asked for a reserved one (no permission to bind it).
+    pub unprivileged_connects: u64,
 }
+
+/// o2iblnd's `use_privileged_port` / `require_privileged_port` on the side channel, where the
+/// operating system enforces them: only a privileged process can bind a TCP port below 1024.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortPolicy {
+    /// Connect from a reserved port (1023 down to 512), as the kernel's rdma_cm does for
+    /// o2iblnd; without the permission to bind one, connect from an ordinary port.
+    pub use_privileged: bool,
+    /// Refuse connections whose source port is 1024 or above.
+    pub require_privileged: bool,
+}
+
+/// Ports below this need privilege to bind (`PROT_SOCK`).
+const PROT_SOCK: u16 = 1024;
+/// The lowest reserved port tried for outgoing connections (as the kernel's rdma_cm).
+const RESERVED_MIN: u16 = 512;
 
 /// What `progress` saw besides the sockets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -210,6 +232,7 @@ pub struct SideChannel {
     now: Instant,
     next_sweep: Instant,
     stats: SideStats,
+    policy: PortPolicy,
 }
 
 impl std::fmt::Debug for SideChannel {
@@ -253,7 +276,13 @@ impl SideChannel {
             now: Instant::ZERO,
             next_sweep: Instant::ZERO,
             stats: SideStats::default(),
+            policy: PortPolicy::default(),
         })
+    }
+
+    /// Sets the privileged-port policy (default: neither).
+    pub fn set_port_policy(&mut self, policy: PortPolicy) {
+        self.policy = policy;
     }
 
     /// The listening address (useful with port 0).
@@ -389,6 +418,10 @@ impl SideChannel {
                 Ok((mut stream, peer)) => {
                     if self.conns.len() >= MAX_CONNS {
                         continue; // dropping the stream closes it
+                    }
+                    if self.policy.require_privileged && peer.port() >= PROT_SOCK {
+                        self.stats.refused_unprivileged += 1;
+                        continue;
                     }
                     let _ = stream.set_nodelay(true);
                     let entry = self.conns.vacant_entry();
@@ -529,8 +562,20 @@ impl SideChannel {
                     return;
                 }
                 peer.retry_at = None;
-                let addr = SocketAddr::V4(SocketAddrV4::new(ip, self.peer_port));
-                let mut stream = match TcpStream::connect(addr) {
+                let addr = SocketAddrV4::new(ip, self.peer_port);
+                let connected = if self.policy.use_privileged {
+                    match connect_from_reserved(addr) {
+                        Ok(Some(s)) => Ok(s),
+                        Ok(None) => {
+                            self.stats.unprivileged_connects += 1;
+                            TcpStream::connect(SocketAddr::V4(addr))
+                        }
+                        Err(e) => Err(e),
+                    }
+                } else {
+                    TcpStream::connect(SocketAddr::V4(addr))
+                };
+                let mut stream = match connected {
                     Ok(s) => s,
                     Err(_) => {
                         self.stats.connect_failures += 1;
@@ -681,6 +726,57 @@ impl SideChannel {
     }
 }
 
+/// A non-blocking connection to `addr` from the highest free reserved port (1023 down to 512);
+/// `Ok(None)` when this process may not bind reserved ports.
+fn connect_from_reserved(addr: SocketAddrV4) -> io::Result<Option<TcpStream>> {
+    for port in (RESERVED_MIN..PROT_SOCK).rev() {
+        // SAFETY: socket(2) takes no pointers; the result is checked before use.
+        let fd = unsafe {
+            libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a socket we just created and own from here on; the OwnedFd closes it.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        let local = sockaddr_in(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: binds our socket to a sockaddr_in that lives across the call, with its size.
+        let r = unsafe { libc::bind(fd, std::ptr::addr_of!(local).cast(), len) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EADDRINUSE) => continue,
+                Some(libc::EACCES | libc::EPERM) => return Ok(None),
+                _ => return Err(e),
+            }
+        }
+        let remote = sockaddr_in(addr);
+        // SAFETY: connects our socket to a sockaddr_in that lives across the call, with its size.
+        let r = unsafe { libc::connect(fd, std::ptr::addr_of!(remote).cast(), len) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINPROGRESS) => {}
+                // The 4-tuple is taken (a connection to the same peer from this port).
+                Some(libc::EADDRNOTAVAIL | libc::EADDRINUSE) => continue,
+                _ => return Err(e),
+            }
+        }
+        return Ok(Some(TcpStream::from_std(std::net::TcpStream::from(owned))));
+    }
+    Err(io::Error::new(io::ErrorKind::AddrInUse, "every reserved port (512..1023) is in use"))
+}
+
+fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+        sin_zero: [0; 8],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Write as _;
@@ -738,6 +834,30 @@ mod tests {
             wait(&[a.fd(), b.fd()], 20);
         }
         false
+    }
+
+    #[test]
+    fn require_privileged_port_refuses_ordinary_ports_and_use_privileged_binds_a_reserved_one() {
+        let mut strict = channel(1, 0);
+        strict.set_port_policy(PortPolicy { use_privileged: false, require_privileged: true });
+        let port = strict.local_addr().unwrap().port();
+        let mut now = Instant::from_secs(1);
+        let mut ordinary = channel(2, port);
+        ordinary.send(Ipv4Addr::LOCALHOST, &mad(1));
+        assert!(pump(&mut strict, &mut ordinary, &mut now, 200, |s, _| s.stats().refused_unprivileged > 0));
+        assert!(strict.recv().is_none(), "nothing from an unprivileged port gets through");
+        // SAFETY: geteuid(2) takes no arguments and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping the reserved-port half: not root, cannot bind ports below 1024");
+            return;
+        }
+        let mut privileged = channel(3, port);
+        privileged.set_port_policy(PortPolicy { use_privileged: true, require_privileged: false });
+        privileged.send(Ipv4Addr::LOCALHOST, &mad(2));
+        assert!(pump(&mut strict, &mut privileged, &mut now, 200, |s, _| s
+            .recv()
+            .is_some_and(|(_, m)| m[255] == 2)));
+        assert_eq!(privileged.stats().unprivileged_connects, 0);
     }
 
     #[test]
