@@ -33,13 +33,20 @@ struct SoakResult {
 }
 
 /// Runs `transfers` random transfers among `nodes` engines over a wire with loss `p`; asserts
-/// that every one succeeded and was verified, and that credits and descriptors came home.
-fn soak(p: f64, nodes: usize, transfers: u64, max_len: usize) -> SoakResult {
+/// that every one completed exactly once on each side that saw it, that every success was
+/// verified, and that credits and descriptors came home. Unless `may_fail`, every transfer
+/// must succeed; with it, a transfer may fail when its connection dies (the RC retry count
+/// exhausted: at 10% loss a packet and its ACKs can be lost `retry_cnt` times running), which
+/// both sides then report once, as an error.
+fn soak(p: f64, nodes: usize, transfers: u64, max_len: usize, may_fail: bool) -> SoakResult {
     let s = seed();
     let mut sim = Sim::new(s, nodes, &tunables(), hostile_wire(p));
     let mut w = Workload::new(s, transfers, 32, max_len);
     w.run(&mut sim, 200_000_000);
-    assert_eq!((w.verified, w.failed), (transfers, 0), "seed {s}: loss {p}");
+    assert_eq!(w.verified + w.failed, transfers, "seed {s}: loss {p}");
+    if !may_fail {
+        assert_eq!(w.failed, 0, "seed {s}: loss {p}");
+    }
     settle_and_check(&mut sim);
     let mut faults = FaultStats::default();
     let mut fabric = FabricStats::default();
@@ -55,17 +62,22 @@ fn soak(p: f64, nodes: usize, transfers: u64, max_len: usize) -> SoakResult {
         fabric.duplicates += d.duplicates;
         fabric.tx_packets += d.tx_packets;
         let e = n.engine.stats();
-        assert_eq!((e.protocol_errors, e.stale_msgs, e.tx_timeouts), (0, 0, 0), "seed {s}: {e:?}");
+        assert_eq!((e.protocol_errors, e.stale_msgs), (0, 0), "seed {s}: {e:?}");
+        if !may_fail {
+            assert_eq!(e.tx_timeouts, 0, "seed {s}: {e:?}");
+        }
     }
     // The faults really happened, and the ICRC caught every corrupted frame it was handed.
     assert!(faults.dropped > 0 && faults.duplicated > 0 && faults.reordered > 0, "seed {s}: {faults:?}");
     assert!(faults.corrupted > 0 && fabric.bad_icrc > 0, "seed {s}: {faults:?} {fabric:?}");
     assert!(fabric.bad_icrc <= faults.corrupted * 2, "seed {s}: {faults:?} {fabric:?}");
     println!(
-        "soak loss {:.0}%: {transfers} transfers, {} bytes verified; frames {} dropped {} duplicated {} \
-         reordered {} corrupted {} (ICRC rejects {}), retransmits {} (seed {s})",
+        "soak loss {:.0}%: {transfers} transfers, {} verified ({} bytes), {} failed with an error; frames {} \
+         dropped {} duplicated {} reordered {} corrupted {} (ICRC rejects {}), retransmits {} (seed {s})",
         p * 100.0,
+        w.verified,
         w.bytes_verified,
+        w.failed,
         fabric.tx_packets,
         faults.dropped,
         faults.duplicated,
@@ -79,19 +91,19 @@ fn soak(p: f64, nodes: usize, transfers: u64, max_len: usize) -> SoakResult {
 
 #[test]
 fn one_percent_loss_with_reordering_duplication_and_corruption_loses_no_byte() {
-    let r = soak(0.01, 3, 400, 256 << 10);
+    let r = soak(0.01, 3, 400, 256 << 10, false);
     assert_eq!(r.verified, 400);
     assert!(r.bytes > 0 && r.fabric.retransmits > 0 && r.faults.dropped > 0);
 }
 
 #[test]
 fn five_percent_loss_with_reordering_duplication_and_corruption_loses_no_byte() {
-    soak(0.05, 3, 300, 256 << 10);
+    soak(0.05, 3, 300, 256 << 10, false);
 }
 
 #[test]
 fn ten_percent_loss_with_reordering_duplication_and_corruption_loses_no_byte() {
-    soak(0.10, 3, 200, 256 << 10);
+    soak(0.10, 3, 200, 256 << 10, false);
 }
 
 fn long_transfers() -> u64 {
@@ -101,19 +113,19 @@ fn long_transfers() -> u64 {
 #[test]
 #[ignore = "long soak: run with --ignored (LND_SOAK_TRANSFERS sets the length)"]
 fn long_soak_at_one_percent_loss() {
-    soak(0.01, 4, long_transfers(), 1 << 20);
+    soak(0.01, 4, long_transfers(), 1 << 20, false);
 }
 
 #[test]
 #[ignore = "long soak: run with --ignored (LND_SOAK_TRANSFERS sets the length)"]
 fn long_soak_at_five_percent_loss() {
-    soak(0.05, 4, long_transfers(), 1 << 20);
+    soak(0.05, 4, long_transfers(), 1 << 20, false);
 }
 
 #[test]
 #[ignore = "long soak: run with --ignored (LND_SOAK_TRANSFERS sets the length)"]
 fn long_soak_at_ten_percent_loss() {
-    soak(0.10, 4, long_transfers(), 1 << 20);
+    soak(0.10, 4, long_transfers(), 1 << 20, true);
 }
 
 #[test]
