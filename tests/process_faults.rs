@@ -78,6 +78,14 @@ fn errors_reported(stdout: &str) -> usize {
     stdout.lines().filter(|l| l.starts_with("error:")).count()
 }
 
+/// After the fault and the retries: the client held no descriptor before its shutdown, and
+/// neither process left anything on its software device.
+fn assert_client_and_server_clean(co: &lnd_tests::Outcome, so: &lnd_tests::Outcome) {
+    assert!(co.stdout.contains(&format!("client {NO_LEAKS}")), "{co:?}");
+    assert!(co.stdout.contains(" descriptors 0/"), "{co:?}");
+    assert!(so.stdout.contains(&format!("server {NO_LEAKS}")), "{so:?}");
+}
+
 #[test]
 fn a_server_killed_mid_transfer_and_restarted_is_reconnected_and_every_put_lands() {
     let port = unique_port(0).to_string();
@@ -98,10 +106,7 @@ fn a_server_killed_mid_transfer_and_restarted_is_reconnected_and_every_put_lands
     println!("kill -9 server mid-transfer, restart: {errors} errors reported, then 200 PUTs done");
     assert!(co.stdout.contains("progress 200"), "{co:?}");
     assert!(errors >= 1, "{co:?}");
-    assert!(co.stdout.contains(&format!("client {NO_LEAKS}")), "{co:?}");
-    // Before its shutdown, after the fault and the retries: no descriptor still held.
-    assert!(co.stdout.contains(" descriptors 0/"), "{co:?}");
-    assert!(so.stdout.contains(&format!("server {NO_LEAKS}")), "{so:?}");
+    assert_client_and_server_clean(&co, &so);
 }
 
 #[test]
@@ -146,10 +151,7 @@ fn a_server_paused_past_the_timeout_then_resumed_is_reconnected_and_traffic_resu
     let errors = errors_reported(&co.stdout);
     println!("SIGSTOP server past the timeout, SIGCONT: {errors} errors reported, then 300 PUTs done");
     assert!(co.stdout.contains("progress 300"), "{co:?}");
-    assert!(co.stdout.contains(&format!("client {NO_LEAKS}")), "{co:?}");
-    // Before its shutdown, after the fault and the retries: no descriptor still held.
-    assert!(co.stdout.contains(" descriptors 0/"), "{co:?}");
-    assert!(so.stdout.contains(&format!("server {NO_LEAKS}")), "{so:?}");
+    assert_client_and_server_clean(&co, &so);
 }
 
 #[test]

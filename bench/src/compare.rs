@@ -302,30 +302,24 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 None
             }
         };
-        for (name, row) in [("write", w), ("read", r)] {
-            print_line(&Line {
-                what: format!("brw {name} {sz} c{c} vs process_vm_writev loop"),
-                peer: copy.map(|x| x.mib_s),
-                ours: mib(row),
-                unit: "MiB/s",
-                higher_better: true,
-                peer_cpu: copy.and_then(|x| x.cpu_s_per_gb),
-                our_cpu: ours_cpu(row),
-            });
-        }
-        for tls in ["sm,self", "tcp"] {
-            let bw = if have_ucx { ucx(tls, "ucp_put_bw", size, next_port()) } else { None };
+        // Our brw write and read next to one bandwidth peer: (MiB/s, CPU s/GB).
+        let both = |peer: &str, figure: Option<(f64, Option<f64>)>| {
             for (name, row) in [("write", w), ("read", r)] {
                 print_line(&Line {
-                    what: format!("brw {name} {sz} c{c} vs UCX_TLS={tls} ucp_put_bw"),
-                    peer: bw.map(|x| x.mib_s),
+                    what: format!("brw {name} {sz} c{c} vs {peer}"),
+                    peer: figure.map(|f| f.0),
                     ours: mib(row),
                     unit: "MiB/s",
                     higher_better: true,
-                    peer_cpu: bw.and_then(|x| x.cpu_s_per_gb),
+                    peer_cpu: figure.and_then(|f| f.1),
                     our_cpu: ours_cpu(row),
                 });
             }
+        };
+        both("process_vm_writev loop", copy.map(|x| (x.mib_s, x.cpu_s_per_gb)));
+        for tls in ["sm,self", "tcp"] {
+            let bw = if have_ucx { ucx(tls, "ucp_put_bw", size, next_port()) } else { None };
+            both(&format!("UCX_TLS={tls} ucp_put_bw"), bw.map(|x| (x.mib_s, x.cpu_s_per_gb)));
         }
         // iperf3 writes at most 1 MiB per call (-l).
         let len = size.min(1 << 20);
