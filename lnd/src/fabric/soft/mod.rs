@@ -127,7 +127,7 @@ pub struct SoftConfig {
     /// The UDP port of the fabric (4791, RoCEv2's; tests may choose another).
     pub udp_port: u16,
     /// Whether RDMA WRITEs to ports on the same host move with one copy ([`place`]). The
-    /// default is [`SingleCopy::from_env`]: `Auto` unless `LND_SOFT_SINGLE_COPY=0`.
+    /// default is [`SingleCopy::from_env`]: `Off` unless `LND_SOFT_SINGLE_COPY=1`.
     pub single_copy: SingleCopy,
 }
 
