@@ -174,7 +174,9 @@ impl<D: Device> Engine<D> {
         (t.conn == Some(key) && t.waiting && t.msg_type == sent).then_some(txk)
     }
 
-    /// The peer's answer ended a waiting transmit: `status` bytes or `-errno`.
+    /// The peer's answer ended a waiting transmit: `status` bytes or `-errno`. The answer is
+    /// the outcome: the peer had our message, so nothing after it (a flushed SEND, the
+    /// connection closing) can turn a success into a failure.
     fn finish_waiting(&mut self, txk: usize, status: i32, is_get: bool) {
         if let Some(t) = self.txs.get_mut(txk) {
             t.waiting = false;
@@ -184,6 +186,7 @@ impl<D: Device> Engine<D> {
                 t.reply_len = Some(status as usize);
                 t.status = Ok(status as usize);
             }
+            t.answered = true;
         }
         self.tx_maybe_done(txk);
     }

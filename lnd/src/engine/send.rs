@@ -197,6 +197,7 @@ impl<D: Device> Engine<D> {
             queued: false,
             sending: 0,
             waiting: false,
+            answered: false,
             status: Ok(0),
             reply_len: None,
             cookie: 0,

@@ -99,6 +99,9 @@ pub(crate) struct Tx {
     pub(crate) queued: bool,
     pub(crate) sending: u32,
     pub(crate) waiting: bool,
+    /// The peer answered it (PUT_NAK, PUT_DONE or GET_DONE arrived): it received our message,
+    /// so a later flush of our SEND, or the connection closing, cannot fail the exchange.
+    pub(crate) answered: bool,
     /// Bytes moved (for the upper layer) or why it failed.
     pub(crate) status: Result<usize, LndError>,
     /// For a GET_REQ: the reply length from GET_DONE.
@@ -121,9 +124,10 @@ impl Tx {
         self.sending == 0 && !self.waiting && !self.queued
     }
 
-    /// Records a failure unless an earlier one is already recorded.
+    /// Records a failure unless an earlier one is already recorded, or the peer has already
+    /// answered (its answer is the outcome).
     pub(crate) fn fail(&mut self, err: LndError) {
-        if self.status.is_ok() {
+        if self.status.is_ok() && !self.answered {
             self.status = Err(err);
         }
     }

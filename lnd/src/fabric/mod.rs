@@ -82,6 +82,9 @@ pub struct FabricStats {
     /// Placement requests refused (sent or received `PlacementRefused`): the WRITE went by the
     /// wire instead.
     pub placed_refused: u64,
+    /// Placement requests executed after the requester had already completed them in error
+    /// (a late responder): the copy is discarded, the request dropped like a lost packet.
+    pub placed_stale: u64,
 }
 
 /// An opened RDMA device port: the root of the object graph (`ibv_context` + port).

@@ -202,7 +202,8 @@ fn finish(driver: &Driver, who: &str) {
         println!(
             "{who} stats: connections {} descriptors {}/{} cm_live {} established {} closed {} \
              protocol_errors {} stale_msgs {} tx_timeouts {} send_errors {} accepts_rejected {} \
-             tx_pool_waits {} retransmits {} bad_icrc {} rx_msgs {} tx_msgs {} stale_completions {}",
+             tx_pool_waits {} retransmits {} bad_icrc {} rx_msgs {} tx_msgs {} stale_completions {} \
+             placed_stale {}",
             st.connections,
             st.tx_descriptors.0,
             st.tx_descriptors.1,
@@ -219,7 +220,8 @@ fn finish(driver: &Driver, who: &str) {
             st.fabric.bad_icrc,
             e.rx_msgs,
             e.tx_msgs,
-            e.stale_completions
+            e.stale_completions,
+            st.fabric.placed_stale
         );
     }
     driver.shutdown();

@@ -14,7 +14,7 @@ use lnet_shim::nid::{Nid, ProcessId};
 
 use super::{Engine, EngineConfig};
 use crate::fabric::Device;
-use crate::fabric::soft::{FaultConfig, SimNet, SingleCopy, SoftConfig, SoftDevice};
+use crate::fabric::soft::{DirFaults, FaultConfig, SimNet, SingleCopy, SoftConfig, SoftDevice};
 use crate::rng::Rng;
 use crate::time::Instant;
 use crate::tunables::Tunables;
@@ -789,4 +789,44 @@ fn a_send_acknowledged_just_before_the_peer_disconnects_completes_as_sent() {
         let r = sim.wait_send(0, 2, 10_000);
         assert!(r.is_ok(), "seed {s}: the acknowledged send was reported as {r:?}");
     }
+}
+
+/// The sink of a PUT whose PUT_DONE arrived has its data, even when its own PUT_ACK's send
+/// completion has not been seen yet (the RC ACK for it was lost) and the source disconnects
+/// right after the PUT_DONE is acknowledged: the PUT_DONE proves the PUT_ACK was delivered,
+/// so the flush of its send must not fail the receive. Many seeds under loss, each ending with
+/// the source hanging up the instant its PUT completes.
+#[test]
+fn a_put_whose_put_done_arrived_succeeds_at_the_sink_when_the_source_hangs_up_at_once() {
+    let base = seed();
+    let loss = FaultConfig::symmetric(DirFaults::lossy(0.15));
+    let mut sink_errors = Vec::new();
+    for k in 0..150u64 {
+        let s = base.wrapping_add(k);
+        let mut sim = Sim::new(s, 2, &tunables(), loss);
+        let b = nid(1);
+        let sink = sim.put(0, 1, 1, 65536);
+        let r = sim.wait_send(0, 1, 200_000);
+        if r.is_err() {
+            continue; // the loss broke the connection first: not this case
+        }
+        let now = sim.now;
+        sim.nodes[0].engine.close_peer(now, b);
+        sim.nodes[0].engine.poll(now);
+        assert!(
+            sim.run_until(200_000, |sim| {
+                sim.gather();
+                sim.recvs.contains_key(&(1, 1))
+            }),
+            "seed {s}: the sink never finished (at {:?})",
+            sim.now
+        );
+        match sim.recvs[&(1, 1)] {
+            (1, Ok(65536)) => {
+                assert!(sink.to_vec(0, 65536) == filled(1, 65536).to_vec(0, 65536), "seed {s}: data")
+            }
+            other => sink_errors.push((s, other)),
+        }
+    }
+    assert!(sink_errors.is_empty(), "sinks failed after their PUT_DONE arrived: {sink_errors:?}");
 }

@@ -258,6 +258,24 @@ impl MrTable {
     }
 }
 
+/// Reads `out.len()` bytes at `addr` in process `pid` (a liveness word of [`super::live`]).
+pub(crate) fn read_process(pid: u32, addr: u64, out: &mut [u8]) -> std::io::Result<()> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+    let local = libc::iovec { iov_base: out.as_mut_ptr().cast(), iov_len: out.len() };
+    let remote = libc::iovec { iov_base: addr as usize as *mut libc::c_void, iov_len: out.len() };
+    // SAFETY: the local iovec is exactly `out`, a live exclusive borrow, so the kernel writes
+    // nowhere else; the remote address is in another process (or this one) and only read, the
+    // kernel failing with EFAULT rather than touching anything unmapped.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if n as usize != out.len() {
+        return Err(std::io::Error::from_raw_os_error(libc::EFAULT));
+    }
+    Ok(())
+}
+
 /// Step `count` of the permutation keyed by `secret`: a 4-round Feistel network on two bytes,
 /// a bijection of the 16-bit values whatever the round function.
 fn variant(secret: u64, count: u16) -> u16 {

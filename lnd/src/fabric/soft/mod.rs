@@ -22,8 +22,10 @@
 //!   lock, copies the payload with one `process_vm_readv` from the requester's process straight
 //!   into its registered memory. Peers find each other's process through a per-user registry
 //!   ([`registry`]), never through a packet; a kernel refusal (`EPERM`, e.g. Yama) falls back to
-//!   the wire for that peer. [`SoftConfig::single_copy`] or `LND_SOFT_SINGLE_COPY=0|1` choose
-//!   the path; `FabricStats::placed_*` count it.
+//!   the wire for that peer. A liveness word per placed request ([`live`]) keeps a responder
+//!   that runs late from copying a buffer the requester already reused. It is the default;
+//!   [`SoftConfig::single_copy`] or `LND_SOFT_SINGLE_COPY=0|1` choose the path;
+//!   `FabricStats::placed_*` count it.
 //!
 //! What it does not: RDMA READ and atomics, UD QPs beyond the GSI, SRQs, memory windows,
 //! P_Key tables, multiple ports, congestion control (CNPs are ignored).
@@ -34,6 +36,7 @@
 
 pub mod cq;
 pub mod fault;
+pub(crate) mod live;
 pub mod mem;
 pub mod packet;
 pub mod place;
@@ -127,7 +130,7 @@ pub struct SoftConfig {
     /// The UDP port of the fabric (4791, RoCEv2's; tests may choose another).
     pub udp_port: u16,
     /// Whether RDMA WRITEs to ports on the same host move with one copy ([`place`]). The
-    /// default is [`SingleCopy::from_env`]: `Off` unless `LND_SOFT_SINGLE_COPY=1`.
+    /// default is [`SingleCopy::from_env`]: `Auto` unless `LND_SOFT_SINGLE_COPY=0`.
     pub single_copy: SingleCopy,
 }
 

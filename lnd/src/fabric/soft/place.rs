@@ -54,20 +54,24 @@
 //! the own pid, so the deterministic simulations exercise the real path, with loss,
 //! reordering and duplication of the vendor requests.
 //!
-//! # Choosing the path
-//! [`SoftConfig::single_copy`](super::SoftConfig::single_copy): [`SingleCopy::Auto`] places
-//! whenever the peer is on the same host; [`SingleCopy::Off`] (the default) always uses the
-//! wire (and refuses placement requests). The environment variable `LND_SOFT_SINGLE_COPY=1`
-//! (or `on`) makes the default `Auto`, so whole suites can run on either path.
+//! # A late responder: the liveness check
+//! The responder reads the source when it *executes* the request, not when the requester sent
+//! it. A responder that executes late (it was stopped, SIGSTOP, while the requester's retries
+//! ran out, the work request was flushed and the application reused its buffer) would copy the
+//! buffer's new contents, where a wire WRITE carries the snapshot taken at send time. So each
+//! placed work request owns a liveness word in the requester's process ([`super::live`]),
+//! holding a token until the WQE leaves the send queue (before its completion is pushed out);
+//! the request carries the word's address and token. After the copy the responder reads the
+//! word: if it still holds the token, the request was outstanding for the whole copy and the
+//! data is the snapshot; otherwise the request is dropped like a lost packet (no ACK, no
+//! completion, the expected PSN unmoved, `FabricStats::placed_stale` counts it).
 //!
-//! **Known flaw, why the path is opt-in:** the target reads the source's memory when it
-//! executes the request, not when the source posted it. A target that executes a request late
-//! (it was stopped, SIGSTOP, while the source's transmit timed out, its connection closed and
-//! the buffer was reused) copies the buffer's new contents: `tests/process_faults.rs`'s pause
-//! test saw "content wrong" on this path. A wire WRITE carries a snapshot and cannot. The fix
-//! is a liveness check of the source's work request after the copy (shared state between the
-//! two processes); until then the path stays off unless asked for. `FabricStats::placed_sent`, `placed_writes` and `placed_bytes` count what
-//! took the path.
+//! # Choosing the path
+//! [`SoftConfig::single_copy`](super::SoftConfig::single_copy): [`SingleCopy::Auto`] (the
+//! default) places whenever the peer is on the same host; [`SingleCopy::Off`] always uses the
+//! wire (and refuses placement requests). The environment variable `LND_SOFT_SINGLE_COPY=0`
+//! (or `off`) makes the default `Off`, so whole suites can run on either path.
+//! `FabricStats::placed_sent`, `placed_writes` and `placed_bytes` count what took the path.
 //!
 //! Not placed: inline WRITEs (their data already sits in the work request), zero-length WRITEs,
 //! and anything to a port on another host.
@@ -75,7 +79,7 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use super::mem::{MemFault, MrTable, PlaceFault};
+use super::mem::{self, MemFault, MrTable, PlaceFault};
 use super::wire::Wire;
 
 /// Which path same-host RDMA WRITEs take.
@@ -88,10 +92,7 @@ pub enum SingleCopy {
 }
 
 impl SingleCopy {
-    /// The default: `Off`, unless `LND_SOFT_SINGLE_COPY` is `1`, `on`, `true` or `auto`.
-    /// (Opt-in: the target reads the source when it executes the request, so a request the
-    /// target executes late, after the source's connection failed and its buffer was reused,
-    /// would copy the new contents; see the module notes.)
+    /// The default: `Auto`, unless `LND_SOFT_SINGLE_COPY` is `0`, `off`, `false` or `wire`.
     pub fn from_env() -> SingleCopy {
         SingleCopy::from_setting(std::env::var("LND_SOFT_SINGLE_COPY").ok().as_deref())
     }
@@ -99,8 +100,8 @@ impl SingleCopy {
     /// The mode a value of `LND_SOFT_SINGLE_COPY` asks for (`None`: unset).
     pub fn from_setting(value: Option<&str>) -> SingleCopy {
         match value.map(str::trim) {
-            Some("1" | "on" | "true" | "auto") => SingleCopy::Auto,
-            _ => SingleCopy::Off,
+            Some("0" | "off" | "false" | "wire") => SingleCopy::Off,
+            _ => SingleCopy::Auto,
         }
     }
 }
@@ -114,8 +115,9 @@ pub struct LocalPeer {
     pub nonce: u64,
 }
 
-/// Fixed part of a [`PlacedWrite`] payload: nonce (8), PSN count (4), entries (2), zero (2).
-pub(crate) const PLACED_HEADER_LEN: usize = 16;
+/// Fixed part of a [`PlacedWrite`] payload: nonce (8), PSN count (4), entries (2), zero (2),
+/// liveness word address (8) and token (8) ([`super::live`]).
+pub(crate) const PLACED_HEADER_LEN: usize = 32;
 /// One gather entry: address (8), length (4), zero (4).
 pub(crate) const PLACED_SGE_LEN: usize = 16;
 /// Most gather entries a placement request may carry.
@@ -130,6 +132,8 @@ pub(crate) enum PlacedError {
     Length,
     /// The entries do not add up to the RETH length, or the PSN count does not fit it.
     Mismatch,
+    /// The liveness token is 0 (no outstanding request has it).
+    NoLiveness,
 }
 
 /// The payload of a placement request, decoded and checked against its RETH length.
@@ -139,6 +143,8 @@ pub(crate) struct PlacedWrite {
     pub(crate) nonce: u64,
     /// PSNs the request takes (what its WRITE takes on the wire).
     pub(crate) psn_count: u32,
+    /// The requester's liveness word of this request: (address in its process, token).
+    pub(crate) live: (u64, u64),
     /// The requester's gather list: (address in its process, length).
     pub(crate) sges: Vec<(u64, u64)>,
 }
@@ -146,11 +152,17 @@ pub(crate) struct PlacedWrite {
 impl PlacedWrite {
     /// Decodes `payload`; `dma_len` is the RETH length the entries must add up to.
     pub(crate) fn parse(payload: &[u8], dma_len: u32) -> Result<PlacedWrite, PlacedError> {
-        let head: &[u8; PLACED_HEADER_LEN] = payload.first_chunk().ok_or(PlacedError::Length)?;
-        let [n0, n1, n2, n3, n4, n5, n6, n7, c0, c1, c2, c3, e0, e1, _, _] = *head;
-        let nonce = u64::from_be_bytes([n0, n1, n2, n3, n4, n5, n6, n7]);
-        let psn_count = u32::from_be_bytes([c0, c1, c2, c3]);
-        let entries = usize::from(u16::from_be_bytes([e0, e1]));
+        let short = PlacedError::Length;
+        let (nonce, r) = payload.split_first_chunk::<8>().ok_or(short)?;
+        let (count, r) = r.split_first_chunk::<4>().ok_or(short)?;
+        let (entries, r) = r.split_first_chunk::<2>().ok_or(short)?;
+        let (_zero, r) = r.split_first_chunk::<2>().ok_or(short)?;
+        let (live_addr, r) = r.split_first_chunk::<8>().ok_or(short)?;
+        let live_token = r.first_chunk::<8>().ok_or(short)?;
+        let (nonce, live_addr, live_token) =
+            (u64::from_be_bytes(*nonce), u64::from_be_bytes(*live_addr), u64::from_be_bytes(*live_token));
+        let psn_count = u32::from_be_bytes(*count);
+        let entries = usize::from(u16::from_be_bytes(*entries));
         let body = payload.get(PLACED_HEADER_LEN..).ok_or(PlacedError::Length)?;
         if entries > MAX_PLACED_SGES || body.len() != entries * PLACED_SGE_LEN {
             return Err(PlacedError::Length);
@@ -168,7 +180,10 @@ impl PlacedWrite {
         if total != u64::from(dma_len) || psn_count == 0 || u64::from(psn_count) > max_psns {
             return Err(PlacedError::Mismatch);
         }
-        Ok(PlacedWrite { nonce, psn_count, sges })
+        if live_token == 0 {
+            return Err(PlacedError::NoLiveness);
+        }
+        Ok(PlacedWrite { nonce, psn_count, live: (live_addr, live_token), sges })
     }
 
     /// The payload length for `entries` gather entries.
@@ -177,18 +192,30 @@ impl PlacedWrite {
     }
 
     /// Writes the payload into `out` (exactly [`PlacedWrite::len_for`] bytes); false if it does
-    /// not fit or there are too many entries.
-    pub(crate) fn emit(nonce: u64, psn_count: u32, sges: &[(u64, u32)], out: &mut [u8]) -> bool {
+    /// not fit or there are too many entries. `live` is the liveness word's (address, token).
+    pub(crate) fn emit(
+        nonce: u64,
+        psn_count: u32,
+        live: (u64, u64),
+        sges: &[(u64, u32)],
+        out: &mut [u8],
+    ) -> bool {
         if sges.len() > MAX_PLACED_SGES || out.len() != PlacedWrite::len_for(sges.len()) {
             return false;
         }
         let (head, body) = out.split_at_mut(PLACED_HEADER_LEN);
         let entries = (sges.len() as u16).to_be_bytes();
         let mut h = [0u8; PLACED_HEADER_LEN];
-        for (d, s) in
-            h.iter_mut().zip(nonce.to_be_bytes().iter().chain(&psn_count.to_be_bytes()).chain(&entries))
-        {
-            *d = *s;
+        let fields = nonce
+            .to_be_bytes()
+            .into_iter()
+            .chain(psn_count.to_be_bytes())
+            .chain(entries)
+            .chain([0, 0])
+            .chain(live.0.to_be_bytes())
+            .chain(live.1.to_be_bytes());
+        for (d, s) in h.iter_mut().zip(fields) {
+            *d = s;
         }
         head.copy_from_slice(&h);
         for (chunk, (addr, len)) in body.chunks_exact_mut(PLACED_SGE_LEN).zip(sges) {
@@ -211,6 +238,9 @@ pub(crate) enum Unplaced {
     Access,
     /// The copy failed for another reason (bad requester addresses): remote operational error.
     Fault,
+    /// The request was no longer outstanding at the requester when the copy ended (its
+    /// liveness word had changed, [`super::live`]): dropped like a lost packet.
+    Stale,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -297,7 +327,14 @@ impl Placement {
             None => mem.write_from_process(pd, rkey, va, len, peer.pid, &w.sges),
         };
         match result {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // The data was read before this: if the word still holds the token, the request
+                // was outstanding (its buffer not yet handed back) for the whole copy.
+                let mut word = [0u8; 8];
+                let live = mem::read_process(peer.pid, w.live.0, &mut word).is_ok()
+                    && u64::from_ne_bytes(word) == w.live.1;
+                if live { Ok(()) } else { Err(Unplaced::Stale) }
+            }
             Err(PlaceFault::Mem(
                 MemFault::BadKey | MemFault::WrongPd | MemFault::Access | MemFault::Range,
             )) => Err(Unplaced::Access),
@@ -325,11 +362,16 @@ mod tests {
     fn placed_write_round_trip_and_hostile_payloads() {
         let sges = [(0x1000u64, 4096u32), (0xdead_beef_0000, 100)];
         let mut buf = vec![0u8; PlacedWrite::len_for(2)];
-        assert!(PlacedWrite::emit(7, 2, &sges, &mut buf));
+        assert!(PlacedWrite::emit(7, 2, (0x5000, 9), &sges, &mut buf));
         let w = PlacedWrite::parse(&buf, 4196).unwrap();
         assert_eq!(
             w,
-            PlacedWrite { nonce: 7, psn_count: 2, sges: vec![(0x1000, 4096), (0xdead_beef_0000, 100)] }
+            PlacedWrite {
+                nonce: 7,
+                psn_count: 2,
+                live: (0x5000, 9),
+                sges: vec![(0x1000, 4096), (0xdead_beef_0000, 100)]
+            }
         );
         // Lengths that do not add up, PSN counts out of range, truncation, trailing bytes.
         assert_eq!(PlacedWrite::parse(&buf, 4195), Err(PlacedError::Mismatch));
@@ -351,16 +393,21 @@ mod tests {
         // Entries near u32::MAX each cannot overflow the sum.
         let big = [(0u64, u32::MAX); MAX_PLACED_SGES];
         let mut buf = vec![0u8; PlacedWrite::len_for(big.len())];
-        assert!(PlacedWrite::emit(1, 1, &big, &mut buf));
+        assert!(PlacedWrite::emit(1, 1, (0, 1), &big, &mut buf));
         assert_eq!(PlacedWrite::parse(&buf, u32::MAX), Err(PlacedError::Mismatch));
-        assert!(!PlacedWrite::emit(1, 1, &sges, &mut [0u8; 3]));
+        assert!(!PlacedWrite::emit(1, 1, (0, 1), &sges, &mut [0u8; 3]));
+        // A request without a liveness token is refused.
+        let mut dead = vec![0u8; PlacedWrite::len_for(2)];
+        assert!(PlacedWrite::emit(7, 2, (0x5000, 0), &sges, &mut dead));
+        assert_eq!(PlacedWrite::parse(&dead, 4196), Err(PlacedError::NoLiveness));
     }
 
     #[test]
     fn the_environment_switch() {
         for (v, mode) in [
-            (None, SingleCopy::Off),
+            (None, SingleCopy::Auto),
             (Some("1"), SingleCopy::Auto),
+            (Some("wire"), SingleCopy::Off),
             (Some("on"), SingleCopy::Auto),
             (Some("0"), SingleCopy::Off),
             (Some(" off "), SingleCopy::Off),

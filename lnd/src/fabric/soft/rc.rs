@@ -33,6 +33,7 @@ use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use super::live::LiveWord;
 use super::mem::MrTable;
 use super::packet::{self, Aeth, Bth, Headers, NakCode, Opcode, Packet, Reth, Syndrome, psn_add, psn_diff};
 use super::place::{MAX_PLACED_SGES, PlacedWrite, Placement, Unplaced};
@@ -93,6 +94,9 @@ struct SendWqe {
     npkts: u32,
     /// Sent as one placement request, not yet acknowledged.
     placed: bool,
+    /// Its liveness word once it has been sent as a placement request ([`super::live`]);
+    /// cleared when the WQE leaves the queue, before its completion is pushed out.
+    live: Option<LiveWord>,
 }
 
 impl SendWqe {
@@ -145,6 +149,9 @@ enum Refusal {
     Nak(NakCode),
     /// A placement request this responder cannot execute: the requester uses the wire.
     Unplaceable,
+    /// A placement request that was no longer outstanding at the requester when it was
+    /// executed: dropped like a lost packet (no ACK, expected PSN unmoved).
+    Stale,
 }
 
 /// One RC queue pair's transport state.
@@ -442,6 +449,7 @@ impl RcQp {
             first_psn,
             npkts,
             placed: false,
+            live: None,
         });
         Ok(())
     }
@@ -620,6 +628,7 @@ impl RcQp {
                 self.queue_ack(PendingAck::Nak { psn: bth.psn, code: NakCode::PlacementRefused });
                 stats.placed_refused += 1;
             }
+            Err(Refusal::Stale) => stats.placed_stale += 1,
             Err(Refusal::Nak(code)) => {
                 if code == NakCode::RemoteAccessError {
                     stats.access_errors += 1;
@@ -783,6 +792,7 @@ impl RcQp {
                 Unplaced::Refused => Refusal::Unplaceable,
                 Unplaced::Access => Refusal::Nak(NakCode::RemoteAccessError),
                 Unplaced::Fault => Refusal::Nak(NakCode::RemoteOperationalError),
+                Unplaced::Stale => Refusal::Stale,
             },
         )?;
         stats.placed_writes += 1;
@@ -1101,7 +1111,9 @@ impl RcQp {
     ) -> Option<TxFrame> {
         let idx = self.send_idx;
         let psn = self.send_psn;
-        let w = self.sq.get(idx)?;
+        let w = self.sq.get_mut(idx)?;
+        let live = w.live.get_or_insert_with(LiveWord::new);
+        let live = (live.addr(), live.token());
         let (opcode, va, rkey, imm) = match w.op {
             SendOp::RdmaWrite { remote_addr, rkey } => (Opcode::RcPlacedWrite, remote_addr, rkey, None),
             SendOp::RdmaWriteWithImm { remote_addr, rkey, imm } => {
@@ -1123,8 +1135,9 @@ impl RcQp {
         let plen = PlacedWrite::len_for(sges.len());
         let (npkts, first_psn) = (w.npkts, w.first_psn);
         let hlen = packet::emit_headers(&headers, plen, buf).ok()?;
-        let written =
-            buf.get_mut(hlen..hlen + plen).is_some_and(|out| PlacedWrite::emit(nonce, npkts, &sges, out));
+        let written = buf
+            .get_mut(hlen..hlen + plen)
+            .is_some_and(|out| PlacedWrite::emit(nonce, npkts, live, &sges, out));
         if !local_ok || !written || first_psn != psn {
             self.fail_at(idx, WcStatus::LocProtErr);
             return None;

@@ -854,6 +854,7 @@ fn hostile_placed(
     b: &Node,
     raw: &mut SimPort,
     now: &mut Instant,
+    live: (u64, u64),
     requests: &[Crafted],
 ) -> Vec<(Syndrome, u32)> {
     let meta = IcrcMeta::new(ip(1), b.dev.ip(), packet::ROCEV2_UDP_PORT, packet::ROCEV2_UDP_PORT);
@@ -865,7 +866,7 @@ fn hostile_placed(
         let headers = Headers { reth: Some(reth), ..Headers::new(bth) };
         let mut payload = vec![0u8; place::PlacedWrite::len_for(sges.len())];
         let psns = dma_len.div_ceil(4096).max(1);
-        assert!(place::PlacedWrite::emit(*nonce, psns, sges, &mut payload));
+        assert!(place::PlacedWrite::emit(*nonce, psns, live, sges, &mut payload));
         let mut frame = Vec::new();
         packet::build(&meta, &headers, &payload, &mut frame).unwrap();
         raw.send(*now, b.dev.ip(), &frame).unwrap();
@@ -906,10 +907,13 @@ fn hostile_placement_requests_are_refused_checked_or_fail_the_qp() {
     let mut now = Instant::ZERO;
     let ack = |psn| (Syndrome::Ack { credit_code: 0x1f }, psn);
     let nak = |code, psn| (Syndrome::Nak(code), psn);
+    let word = live::LiveWord::new();
+    let live = (word.addr(), word.token());
     let got = hostile_placed(
         &b,
         &mut raw,
         &mut now,
+        live,
         &[
             // Placed from this process (the sim's ports all live here): 2 PSNs.
             (100, nonce, 8192, vec![(at, 4096), (at + 4096, 4096)]),
@@ -945,9 +949,106 @@ fn hostile_placement_requests_are_refused_checked_or_fail_the_qp() {
         b.qp.modify(&QpModify::Reset).unwrap();
         b.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE }).unwrap();
         rtr(&b.qp);
-        let got = hostile_placed(&b, &mut raw, &mut now, &[(100, nonce, dma_len, sges)]);
+        let got = hostile_placed(&b, &mut raw, &mut now, live, &[(100, nonce, dma_len, sges)]);
         assert_eq!(got, vec![nak(code, 100)], "seed {s}");
         assert!(b.buf.buf().to_vec(0, 16384).unwrap().iter().all(|&x| x == 0));
         assert_eq!(b.qp.state(), QpState::Err);
+    }
+}
+
+/// A placement request executed after its work request left the requester's queue (a late
+/// responder, e.g. one that was stopped) is dropped like a lost packet: no ACK, no completion,
+/// the expected PSN unmoved, counted as stale. The same PSN with a live word then goes through.
+#[test]
+fn a_placement_request_executed_after_the_requester_gave_up_is_dropped() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let b = node(&net, 2, on_path(s, SingleCopy::Auto), 16384);
+    let mut raw = net.attach(ip(1));
+    let nonce = raw.local_peer().unwrap().nonce;
+    b.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE }).unwrap();
+    b.qp.modify(&QpModify::Rtr {
+        path_mtu: Mtu::Mtu4096,
+        dest_qpn: 0x1234,
+        rq_psn: 100,
+        dest: PortAddr::from_ipv4(ip(1)),
+        max_dest_rd_atomic: 0,
+        min_rnr_timer: 1,
+    })
+    .unwrap();
+    let src = vec![0x5au8; 4096];
+    let at = src.as_ptr() as u64;
+    let mut now = Instant::ZERO;
+    let gone = live::LiveWord::new();
+    let stale = (gone.addr(), gone.token());
+    drop(gone);
+    let got = hostile_placed(&b, &mut raw, &mut now, stale, &[(100, nonce, 4096, vec![(at, 4096)])]);
+    assert_eq!(got, vec![], "seed {s}: a stale request is not acknowledged");
+    let st = b.dev.stats();
+    assert_eq!((st.placed_stale, st.placed_writes, st.placed_bytes), (1, 0, 0), "seed {s}: {st:?}");
+    assert_eq!(b.qp.state(), QpState::Rtr, "seed {s}: the QP lives on");
+    let word = live::LiveWord::new();
+    let got = hostile_placed(
+        &b,
+        &mut raw,
+        &mut now,
+        (word.addr(), word.token()),
+        &[(100, nonce, 4096, vec![(at, 4096)])],
+    );
+    assert_eq!(got, vec![(Syndrome::Ack { credit_code: 0x1f }, 100)], "seed {s}: PSN 100 was still expected");
+    assert_eq!(b.buf.buf().to_vec(0, 4096).unwrap(), src);
+}
+
+/// The late responder end to end, on both paths: a WRITE-with-immediate is sent, the requester
+/// flushes it (its QP goes to ERR) and reuses the buffer before the responder runs. On the wire
+/// the responder gets the snapshot that was sent and completes it (what an HCA does); on the
+/// single-copy path the copy would read the reused buffer, so the request is dropped as stale
+/// and nothing completes. The responder never reports the new bytes as the WRITE's data.
+#[test]
+fn a_late_responder_never_delivers_a_reused_buffer() {
+    for path in PATHS {
+        let s = seed();
+        let net = SimNet::new(s, Duration::from_millis(1));
+        let a = node(&net, 1, on_path(s, path), 4096);
+        let b = node(&net, 2, on_path(s + 1, path), 4096);
+        connect(&a, &b, RC);
+        b.qp.post_recv(&[RecvWr { wr_id: 7, sg_list: &[] }]).unwrap();
+        let old = pattern(1, 4096);
+        a.buf.buf().write(0, &old).unwrap();
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::RdmaWriteWithImm { remote_addr: b.buf.addr_at(0), rkey: b.buf.rkey(), imm: 9 },
+            sg_list: &[a.buf.sge(0, 4096)],
+            flags: SendFlags::SIGNALED,
+        };
+        a.qp.post_send(&[wr]).unwrap();
+        let mut now = Instant::ZERO;
+        a.dev.progress(now).unwrap();
+        // The request is on its way; the requester gives up and reuses the buffer.
+        a.qp.modify(&QpModify::Err).unwrap();
+        let mut wcs = Vec::new();
+        poll_all(&a.cq, &mut wcs);
+        assert_eq!(
+            wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            [(1, WcStatus::WrFlushErr)],
+            "seed {s} {path:?}"
+        );
+        a.buf.buf().write(0, &pattern(2, 4096)).unwrap();
+        now += Duration::from_millis(5);
+        b.dev.progress(now).unwrap();
+        let mut got = Vec::new();
+        poll_all(&b.cq, &mut got);
+        let st = b.dev.stats();
+        match path {
+            SingleCopy::Auto => {
+                assert!(got.is_empty(), "seed {s}: a stale placement completed: {got:?}");
+                assert_eq!((st.placed_stale, st.placed_writes), (1, 0), "seed {s}: {st:?}");
+            }
+            SingleCopy::Off => {
+                assert_eq!(got.len(), 1, "seed {s}: {got:?}");
+                assert_eq!((got[0].status, got[0].imm_data), (WcStatus::Success, Some(9)));
+                assert_eq!(b.buf.buf().to_vec(0, 4096).unwrap(), old, "seed {s}: the wire's snapshot");
+            }
+        }
     }
 }
