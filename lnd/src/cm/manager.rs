@@ -174,6 +174,11 @@ pub struct CmConfig {
     /// Most connection requests held in REQ_RCVD (received, not yet accepted or rejected); more
     /// are refused with REJ 3 (no resources).
     pub max_pending_requests: usize,
+    /// This CM's share of the comm ID space, `(index, count)`: every local comm ID it
+    /// allocates is `index` modulo `count`, so a MAD naming one (REP, RTU, REJ, MRA, DREQ,
+    /// DREP) can be routed to its CM when several share one port (the driver's scheduler
+    /// shards). `(0, 1)`: the whole space.
+    pub id_partition: (u32, u32),
 }
 
 impl CmConfig {
@@ -190,6 +195,7 @@ impl CmConfig {
             packet_life_time: ROCE_PACKET_LIFETIME,
             timewait: linux_cm_timeout(ROCE_LOCAL_ACK_TIMEOUT),
             max_pending_requests: DEFAULT_MAX_PENDING_REQUESTS,
+            id_partition: (0, 1),
         }
     }
 
@@ -1265,10 +1271,13 @@ impl Cm {
         self.conns.get(&id.0).ok_or(CmError::UnknownId(id))
     }
 
-    /// A fresh comm ID: random, nonzero, not held.
+    /// A fresh comm ID: random, nonzero, not held, in this CM's partition.
     fn alloc_id(&mut self) -> u32 {
+        let (index, count) = self.cfg.id_partition;
+        let count = count.max(1);
         loop {
-            let id = self.rng.next_u32();
+            let r = self.rng.next_u32();
+            let Some(id) = (r - r % count).checked_add(index % count) else { continue };
             if id != 0 && !self.conns.contains_key(&id) {
                 return id;
             }

@@ -12,8 +12,11 @@
 //! Completion queues are handled the way verbs consumers must: on a CQ fd event the engine
 //! consumes the notification, drains the CQ in batches, re-arms it and drains it once more.
 //!
-//! `nscheds`: this driver runs one scheduler per interface; the tunable is read and reported
-//! but connections are not sharded across several threads (see the README).
+//! `nscheds`: the interface runs [`Tunables::scheduler_threads`] scheduler threads, each with
+//! its own engine and a share of the peers (chosen by the peer's address), all on one device
+//! ([`shard`]). A peer's connections, credits and transmits live on one thread, lock-free.
+
+pub mod shard;
 
 use std::collections::HashMap;
 use std::io;
@@ -36,6 +39,8 @@ use crate::engine::{Engine, EngineConfig, EngineError, EngineStats, FdChange, va
 use crate::fabric::soft::{LiveCounts, SoftConfig, SoftDevice};
 use crate::fabric::{Device, FabricError, FabricStats};
 use crate::tunables::Tunables;
+
+use self::shard::{Router, Shard, shard_of};
 
 const WAKER: Token = Token(0);
 const DEVICE_BASE: usize = 1;
@@ -131,32 +136,58 @@ enum Cmd {
     Shutdown,
 }
 
+/// What a scheduler thread shares with the application's threads.
 struct Shared {
-    nid: Nid,
     queue: SegQueue<Cmd>,
-    waker: Waker,
-    stopping: AtomicBool,
+    waker: Arc<Waker>,
     upcalls: Arc<dyn LndUpcalls>,
+}
+
+/// One scheduler thread and its engine's share of the peers.
+struct SchedulerHandle {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// The scheduler thread: a command it queues itself (from an upcall) needs no wake-up.
+    id: ThreadId,
+}
+
+impl SchedulerHandle {
+    fn push(&self, cmd: Cmd) {
+        self.shared.queue.push(cmd);
+        // From the scheduler itself (an event callback sending a reply), the loop sees the
+        // queue before it sleeps: no eventfd write, no extra epoll round.
+        if std::thread::current().id() != self.id {
+            let _ = self.shared.waker.wake();
+        }
+    }
+
+    fn join(&self) {
+        let handle = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
 }
 
 /// A running o2iblnd interface: an [`Lnd`] for LNet.
 pub struct Driver {
-    shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    /// The scheduler thread: a command it queues itself (from an upcall) needs no wake-up.
-    scheduler: ThreadId,
+    nid: Nid,
+    stopping: AtomicBool,
+    /// One per scheduler thread; a peer's work goes to `schedulers[shard_of(peer)]`.
+    schedulers: Vec<SchedulerHandle>,
     /// A handle on the software device, for leak checks after shutdown.
     soft: Option<SoftDevice>,
 }
 
 impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Driver({})", self.shared.nid)
+        write!(f, "Driver({}, {} schedulers)", self.nid, self.schedulers.len())
     }
 }
 
 impl Driver {
-    /// Opens the fabric, starts the engine and its scheduler thread; upcalls go to `upcalls`.
+    /// Opens the fabric, starts the engines and their scheduler threads; upcalls go to
+    /// `upcalls`.
     pub fn start(config: DriverConfig, upcalls: Arc<dyn LndUpcalls>) -> Result<Driver, DriverError> {
         let nid = config.nid;
         match config.fabric.clone() {
@@ -178,7 +209,8 @@ impl Driver {
         }
     }
 
-    /// Starts on an already opened device.
+    /// Starts on an already opened device: [`Tunables::scheduler_threads`] engines, one per
+    /// scheduler thread, sharing the device ([`shard`]).
     pub fn start_on<D: Device>(
         dev: D,
         config: DriverConfig,
@@ -187,33 +219,54 @@ impl Driver {
         let nid = config.nid;
         let seed = config.seed.unwrap_or_else(crate::rng::os_seed);
         let busy_poll_usec = config.tunables.busy_poll_usec;
-        let ecfg = EngineConfig::new(nid, config.tunables, wall_clock_micros(), seed);
-        let engine =
-            Engine::new(dev, ecfg, upcalls.clone()).map_err(|source| DriverError::Engine { nid, source })?;
-        let poll = Poll::new()?;
-        let waker = Waker::new(poll.registry(), WAKER)?;
-        let shared = Arc::new(Shared {
-            nid,
-            queue: SegQueue::new(),
-            waker,
-            stopping: AtomicBool::new(false),
-            upcalls,
-        });
-        let s2 = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("o2iblnd-{}", nid.addr()))
-            .spawn(move || Scheduler::new(engine, poll, s2, busy_poll_usec).run())?;
-        let scheduler = thread.thread().id();
-        Ok(Driver { shared, thread: Mutex::new(Some(thread)), scheduler, soft: None })
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let n = config.tunables.scheduler_threads(u32::try_from(cpus).unwrap_or(u32::MAX)) as usize;
+        let incarnation = wall_clock_micros();
+        let mut polls = Vec::with_capacity(n);
+        let mut wakers = Vec::with_capacity(n);
+        for _ in 0..n {
+            let poll = Poll::new()?;
+            wakers.push(Arc::new(Waker::new(poll.registry(), WAKER)?));
+            polls.push(poll);
+        }
+        let router = Arc::new(Router::new(wakers.clone()));
+        let dev = Arc::new(dev);
+        let mut engines = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut tunables = config.tunables.clone();
+            // The transmit pool is split between the schedulers (o2iblnd: per CPU partition).
+            tunables.ntx = tunables.ntx.div_ceil(n as u32);
+            let shard_seed = seed.wrapping_add((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let mut ecfg = EngineConfig::new(nid, tunables, incarnation, shard_seed);
+            ecfg.cm_id_partition = (i as u32, n as u32);
+            let device = Shard::new(dev.clone(), i, router.clone());
+            engines.push(
+                Engine::new(device, ecfg, upcalls.clone())
+                    .map_err(|source| DriverError::Engine { nid, source })?,
+            );
+        }
+        let mut driver = Driver { nid, stopping: AtomicBool::new(false), schedulers: Vec::new(), soft: None };
+        for (i, ((engine, poll), waker)) in engines.into_iter().zip(polls).zip(wakers).enumerate() {
+            let shared = Arc::new(Shared { queue: SegQueue::new(), waker, upcalls: upcalls.clone() });
+            let s2 = shared.clone();
+            let name = if n == 1 {
+                format!("o2iblnd-{}", nid.addr())
+            } else {
+                format!("o2iblnd-{i}-{}", nid.addr())
+            };
+            // On failure `driver` is dropped: the schedulers already started are shut down.
+            let thread = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || Scheduler::new(engine, poll, s2, busy_poll_usec).run())?;
+            let id = thread.thread().id();
+            driver.schedulers.push(SchedulerHandle { shared, thread: Mutex::new(Some(thread)), id });
+        }
+        Ok(driver)
     }
 
-    fn push(&self, cmd: Cmd) {
-        self.shared.queue.push(cmd);
-        // From the scheduler itself (an event callback sending a reply), the loop sees the
-        // queue before it sleeps: no eventfd write, no extra epoll round.
-        if std::thread::current().id() != self.scheduler {
-            let _ = self.shared.waker.wake();
-        }
+    /// The scheduler that owns `peer`.
+    fn scheduler_of(&self, peer: Nid) -> Option<&SchedulerHandle> {
+        self.schedulers.get(shard_of(peer.addr(), self.schedulers.len()))
     }
 
     /// The objects still alive on the software device (QPs, MRs, CQs, PDs), when the driver
@@ -223,45 +276,90 @@ impl Driver {
         self.soft.as_ref().map(SoftDevice::live_counts)
     }
 
-    /// Counters (asks the scheduler; `None` if it does not answer in time).
+    /// Each scheduler's counters (asks every scheduler; `None` for one that does not answer in
+    /// time).
+    pub fn scheduler_stats(&self) -> Vec<Option<DriverStats>> {
+        let asked: Vec<_> = self
+            .schedulers
+            .iter()
+            .map(|s| {
+                let (tx, rx) = mpsc::channel();
+                s.push(Cmd::Stats(tx));
+                rx
+            })
+            .collect();
+        asked.into_iter().map(|rx| rx.recv_timeout(QUERY_TIMEOUT).ok()).collect()
+    }
+
+    /// Counters of the whole interface: the schedulers' summed, the device's once (`None` if
+    /// a scheduler does not answer in time).
     pub fn stats(&self) -> Option<DriverStats> {
-        let (tx, rx) = mpsc::channel();
-        self.push(Cmd::Stats(tx));
-        rx.recv_timeout(QUERY_TIMEOUT).ok()
+        let mut all = self.scheduler_stats().into_iter();
+        let mut total = all.next()??;
+        for s in all {
+            total.merge(&s?);
+        }
+        Some(total)
+    }
+}
+
+impl DriverStats {
+    /// Adds another scheduler's counters (the device's are shared: kept once).
+    fn merge(&mut self, other: &DriverStats) {
+        self.engine.merge(&other.engine);
+        self.connections += other.connections;
+        self.tx_descriptors.0 += other.tx_descriptors.0;
+        self.tx_descriptors.1 += other.tx_descriptors.1;
+        self.turns += other.turns;
+        self.cm_live += other.cm_live;
+        self.idle &= other.idle;
     }
 }
 
 impl Lnd for Driver {
     fn nid(&self) -> Nid {
-        self.shared.nid
+        self.nid
     }
 
     fn send(&self, msg: LndSend) -> Result<(), LndError> {
-        if self.shared.stopping.load(Ordering::Acquire) {
+        if self.stopping.load(Ordering::Acquire) {
             return Err(LndError::new(Errno::ESHUTDOWN, Health::LocalDropped));
         }
-        validate_send(self.shared.nid, &msg)?;
-        self.push(Cmd::Send(msg));
+        validate_send(self.nid, &msg)?;
+        match self.scheduler_of(msg.target) {
+            Some(s) => s.push(Cmd::Send(msg)),
+            None => return Err(LndError::new(Errno::ESHUTDOWN, Health::LocalDropped)),
+        }
         Ok(())
     }
 
     fn peers(&self) -> Vec<PeerInfo> {
-        let (tx, rx) = mpsc::channel();
-        self.push(Cmd::Peers(tx));
-        rx.recv_timeout(QUERY_TIMEOUT).unwrap_or_default()
+        let asked: Vec<_> = self
+            .schedulers
+            .iter()
+            .map(|s| {
+                let (tx, rx) = mpsc::channel();
+                s.push(Cmd::Peers(tx));
+                rx
+            })
+            .collect();
+        asked.into_iter().flat_map(|rx| rx.recv_timeout(QUERY_TIMEOUT).unwrap_or_default()).collect()
     }
 
     fn close_peer(&self, peer: Nid) {
-        self.push(Cmd::ClosePeer(peer));
+        if let Some(s) = self.scheduler_of(peer) {
+            s.push(Cmd::ClosePeer(peer));
+        }
     }
 
     fn shutdown(&self) {
-        if !self.shared.stopping.swap(true, Ordering::AcqRel) {
-            self.push(Cmd::Shutdown);
+        if !self.stopping.swap(true, Ordering::AcqRel) {
+            for s in &self.schedulers {
+                s.push(Cmd::Shutdown);
+            }
         }
-        let handle = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
-        if let Some(h) = handle {
-            let _ = h.join();
+        for s in &self.schedulers {
+            s.join();
         }
     }
 }

@@ -70,6 +70,9 @@ pub struct EngineConfig {
     /// RDMA fragments this side accepts per transfer (o2iblnd: 257, `IBLND_MAX_RDMA_FRAGS`);
     /// connection requests asking for more are rejected with RDMA_FRAGS.
     pub max_frags: u16,
+    /// This engine's share of the CM's comm ID space when several share a device port
+    /// ([`crate::cm::CmConfig::id_partition`]; the driver's scheduler shards). `(0, 1)`: alone.
+    pub cm_id_partition: (u32, u32),
 }
 
 impl EngineConfig {
@@ -85,6 +88,7 @@ impl EngineConfig {
             qp_ack_timeout: 14,
             min_rnr_timer: 4,
             max_frags: crate::wire::IBLND_MAX_RDMA_FRAGS as u16,
+            cm_id_partition: (0, 1),
         }
     }
 }
@@ -146,6 +150,30 @@ pub struct EngineStats {
     pub stale_completions: u64,
     /// Sends completed with an error.
     pub send_errors: u64,
+}
+
+impl EngineStats {
+    /// Adds another engine's counters (the driver's schedulers, summed).
+    pub fn merge(&mut self, o: &EngineStats) {
+        self.tx_msgs += o.tx_msgs;
+        self.tx_bytes += o.tx_bytes;
+        self.rx_msgs += o.rx_msgs;
+        self.rx_bytes += o.rx_bytes;
+        self.rdma_bytes += o.rdma_bytes;
+        self.noops += o.noops;
+        self.credit_stalls += o.credit_stalls;
+        self.conns_established += o.conns_established;
+        self.conns_closed += o.conns_closed;
+        self.connects_rejected += o.connects_rejected;
+        self.accepts_rejected += o.accepts_rejected;
+        self.accepts_refused_nid += o.accepts_refused_nid;
+        self.protocol_errors += o.protocol_errors;
+        self.stale_msgs += o.stale_msgs;
+        self.tx_timeouts += o.tx_timeouts;
+        self.tx_pool_waits += o.tx_pool_waits;
+        self.stale_completions += o.stale_completions;
+        self.send_errors += o.send_errors;
+    }
 }
 
 /// One established connection, as [`Engine::conn_details`] reports it.
@@ -256,6 +284,7 @@ impl<D: Device> Engine<D> {
         cm_cfg.cm_response_timeout = cfg.cm_response_timeout;
         cm_cfg.packet_life_time = cfg.cm_response_timeout.saturating_sub(2);
         cm_cfg.timewait = crate::cm::mad::linux_cm_timeout(cfg.qp_ack_timeout);
+        cm_cfg.id_partition = cfg.cm_id_partition;
         let mut cm = Cm::new(cm_cfg, rng.next_u64());
         let service_id = ip_service_id(PortSpace::Tcp, cfg.tunables.service);
         cm.listen(service_id);

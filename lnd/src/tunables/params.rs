@@ -473,7 +473,7 @@ impl Rules<'_> {
                 reason,
             });
         }
-        let nscheds = self.int_or_zero(P::Nscheds, "automatic: a scheduler thread per two CPUs")?;
+        let nscheds = self.int_or_zero(P::Nscheds, "automatic: one scheduler thread")?;
         let mut conns_per_peer =
             self.uint_in(P::ConnsPerPeer, 0, i64::from(CONNS_PER_PEER_MAX), "1..=127 (0 means 1)")?;
         let wrq_sge = self.uint_in(P::WrqSge, 1, INT_MAX, "1..=2147483647")?;

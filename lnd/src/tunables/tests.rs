@@ -718,7 +718,7 @@ fn values_o2iblnd_reads_as_off_or_auto() {
         msgs,
         [
             "keepalive=-1 treated as 0 (keepalives disabled)",
-            "nscheds=-2 treated as 0 (automatic: a scheduler thread per two CPUs)",
+            "nscheds=-2 treated as 0 (automatic: one scheduler thread)",
             "peer_timeout=-1 treated as 0 (peer death detection disabled)",
             "conns_per_peer=0 raised to 1",
         ]
@@ -884,7 +884,7 @@ fn durations_and_derived_sizes() {
     assert_eq!(t.connect_timeout(), CONNECT_TIMEOUT_MIN);
 
     let t = defaults();
-    assert_eq!([1, 2, 3, 8, 64].map(|c| t.scheduler_threads(c)), [1, 2, 2, 4, 32]);
+    assert_eq!([1, 2, 3, 8, 64].map(|c| t.scheduler_threads(c)), [1, 1, 1, 1, 1]);
     let t = parse("options ko2iblnd nscheds=3").tunables;
     assert_eq!([1, 2, 8, 0].map(|c| t.scheduler_threads(c)), [1, 2, 3, 1]);
     let t = parse("options ko2iblnd ntx=4096 fmr_pool_size=4096 fmr_flush_trigger=2048").tunables;

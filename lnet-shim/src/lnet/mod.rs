@@ -64,7 +64,8 @@ mod stats;
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
+use std::time::Duration;
 
 pub use md::Md;
 pub use networks::{NetworkSpec, NetworksError, parse_networks, resolve_nid};
@@ -301,6 +302,8 @@ struct State {
 struct Inner {
     me: Weak<Inner>,
     state: Mutex<State>,
+    /// Signalled whenever a change under `state` leaves no message in progress.
+    quiet: Condvar,
     outbox: Mutex<VecDeque<(EventSink, Event)>>,
     delivering: Mutex<()>,
 }
@@ -356,6 +359,7 @@ impl Lnet {
                 next_token: 1,
                 nis: Vec::new(),
             }),
+            quiet: Condvar::new(),
             outbox: Mutex::new(VecDeque::new()),
             delivering: Mutex::new(()),
         });
@@ -561,6 +565,20 @@ impl Lnet {
         stats
     }
 
+    /// Waits until no message is in progress (every send and receive has been reported by its
+    /// LND: the last ACKs and REPLYs included, which finish after the peer's events) or until
+    /// `timeout` has passed; true if LNet went quiet. For a server draining before shutdown,
+    /// and for tests that check nothing leaked.
+    pub fn wait_quiet(&self, timeout: Duration) -> bool {
+        let st = self.inner.lock();
+        let (st, _) = self
+            .inner
+            .quiet
+            .wait_timeout_while(st, timeout, |st| !st.msgs.is_empty())
+            .unwrap_or_else(PoisonError::into_inner);
+        st.msgs.is_empty()
+    }
+
     /// Shuts LNet down: new calls are refused, messages waiting for credits fail, the LNDs are
     /// shut down (they report every pending send and receive with an error), and every
     /// operation still waiting for a response ends with an `-ESHUTDOWN` event. Idempotent.
@@ -583,6 +601,9 @@ impl Inner {
         let r = {
             let mut st = self.lock();
             let r = f(&mut st, &mut work);
+            if st.msgs.is_empty() {
+                self.quiet.notify_all();
+            }
             if !work.events.is_empty() {
                 self.outbox.lock().unwrap_or_else(PoisonError::into_inner).extend(work.events.drain(..));
             }

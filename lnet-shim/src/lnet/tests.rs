@@ -682,3 +682,19 @@ fn events_can_go_to_callbacks_that_call_back_into_lnet() {
     assert_eq!(rx.recv_timeout(WAIT).unwrap(), (EventKind::Unlink, true));
     drop(a);
 }
+
+#[test]
+fn wait_quiet_waits_for_messages_in_progress() {
+    let net = LoopbackNet::new();
+    let (a, b) = (node(&net, "10.0.0.1"), node(&net, "10.0.0.2"));
+    assert!(a.lnet.wait_quiet(Duration::ZERO), "nothing in progress");
+    let (qb, qa) = (EventQueue::new(16), EventQueue::new(16));
+    let _ = post(&b, 7, 64, MdOptions::OP_PUT, &qb);
+    a.lnd.pause();
+    let h = a.lnet.md_bind(Md::contiguous(buf(&[1u8; 64])).with_events(qa.clone()), Unlink::Auto).unwrap();
+    a.lnet.put(h, AckReq::NoAck, b.pid(), PORTAL, 7, 0, 0).unwrap();
+    assert!(!a.lnet.wait_quiet(Duration::from_millis(20)), "the held PUT is in progress");
+    a.lnd.resume();
+    assert!(a.lnet.wait_quiet(Duration::from_secs(10)), "quiet once the LND reported it");
+    assert_eq!(next(&qb).kind, EventKind::Put);
+}

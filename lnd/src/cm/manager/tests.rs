@@ -1129,3 +1129,16 @@ fn fuzzed_mads_never_panic_and_outputs_stay_valid() {
         assert_eq!(net.cms[side].poll_timeout(), None, "seed {seed:#x}");
     }
 }
+
+#[test]
+fn comm_ids_stay_in_their_partition() {
+    for (index, count) in [(0u32, 1u32), (0, 2), (1, 2), (2, 3), (4, 5)] {
+        let cfg = CmConfig { id_partition: (index, count), ..config(A) };
+        let mut cm = Cm::new(cfg, 0x1234 + u64::from(index));
+        for _ in 0..200 {
+            let id = cm.connect(at(ms(0)), params()).unwrap();
+            assert_eq!(id.0 % count, index, "({index}, {count})");
+            assert_ne!(id.0, 0);
+        }
+    }
+}
