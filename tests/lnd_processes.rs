@@ -1,6 +1,7 @@
 //! Two OS processes, each an o2iblnd interface on the software fabric over real UDP
 //! (127.0.0.1 and 127.0.0.2): connection setup, and 1 GiB moved by PUT and by GET with every
-//! byte verified on the receiving side.
+//! byte verified on the receiving side. Then a server with two scheduler threads (`nscheds=2`)
+//! serving two client processes whose addresses fall on different schedulers.
 
 use std::time::Duration;
 
@@ -66,4 +67,42 @@ fn two_processes_move_1_gib_by_get_verified() {
     assert!(s.stdout.contains("and 1024 GETs"), "{s:?}");
     lnd_tests::assert_write_path(&c.stdout);
     println!("{}", c.stdout.trim());
+}
+
+#[test]
+fn a_server_with_two_schedulers_serves_clients_on_both() {
+    use lnd::driver::shard::shard_of;
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        println!("skipped: nscheds is capped at the CPUs, and this machine has one");
+        return;
+    }
+    let clients = ["127.0.0.1", "127.0.0.3"];
+    let ips: Vec<std::net::Ipv4Addr> = clients.iter().map(|c| c.parse().unwrap()).collect();
+    assert_ne!(shard_of(ips[0], 2), shard_of(ips[1], 2), "the clients must fall on different schedulers");
+    let conf = std::env::temp_dir().join(format!("lnd-nscheds-{}.conf", std::process::id()));
+    std::fs::write(&conf, "options ko2iblnd nscheds=2\n").unwrap();
+    let conf = conf.display().to_string();
+    let port = unique_port(3).to_string();
+    let server = spawn(
+        BIN,
+        &["serve", "--nid", "127.0.0.2@o2ib", "--port", &port, "--tunables", &conf, "--expect", "200"],
+    );
+    assert!(server.wait_for_line("serving on", Duration::from_secs(30)).is_some(), "the server starts");
+    let drivers: Vec<_> = clients
+        .iter()
+        .map(|ip| {
+            let nid = format!("{ip}@o2ib");
+            let args = ["drive", "--nid", &nid, "--to", "127.0.0.2@o2ib", "--port", &port];
+            let rest = ["--op", "put", "--size", "262144", "--count", "100", "--window", "8"];
+            spawn(BIN, &[&args[..], &rest[..]].concat())
+        })
+        .collect();
+    let outcomes: Vec<_> = drivers.into_iter().map(|d| d.wait(Duration::from_secs(120))).collect();
+    let s = server.wait(Duration::from_secs(60));
+    for c in &outcomes {
+        assert!(c.success, "client {c:?}\nserver {s:?}");
+    }
+    assert!(s.success && s.stdout.contains("verified 200 PUTs"), "{s:?}");
+    assert!(s.stdout.contains("server schedulers 2: connections established per scheduler [1, 1]"), "{s:?}");
+    println!("{}", s.stdout.lines().find(|l| l.contains("schedulers")).unwrap_or_default());
 }

@@ -197,6 +197,12 @@ fn start_ni(
 
 /// Prints the driver's counters, shuts it down and prints what is left on its device.
 fn finish(driver: &Driver, who: &str) {
+    let per: Vec<String> = driver
+        .scheduler_stats()
+        .iter()
+        .map(|s| s.map_or_else(|| "?".to_owned(), |s| s.engine.conns_established.to_string()))
+        .collect();
+    println!("{who} schedulers {}: connections established per scheduler [{}]", per.len(), per.join(", "));
     if let Some(st) = driver.stats() {
         let e = st.engine;
         println!(
