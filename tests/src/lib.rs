@@ -187,7 +187,8 @@ pub fn counter(text: &str, key: &str) -> Option<u64> {
     text.get(at..)?.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
-/// Asserts that the placement counters a test process printed (`placed N`, `refused N`) match
+/// Asserts that the placement counters a test process printed (`placed N`, `refused N`,
+/// `ring frames N`) match
 /// the path this environment should take, so a silently skipped single-copy path fails.
 ///
 /// # Panics
@@ -195,11 +196,19 @@ pub fn counter(text: &str, key: &str) -> Option<u64> {
 pub fn assert_write_path(output: &str) {
     let placed = counter(output, "placed").unwrap_or_else(|| panic!("no placement counter in {output:?}"));
     let refused = counter(output, "refused").unwrap_or_else(|| panic!("no refusal counter in {output:?}"));
+    let ring = counter(output, "ring frames").unwrap_or_else(|| panic!("no ring counter in {output:?}"));
     match expected_write_path() {
-        WritePath::SingleCopy => assert!(placed > 0 && refused == 0, "single copy not taken: {output}"),
-        WritePath::Refused => assert!(refused > 0, "single copy not tried: {output}"),
+        WritePath::SingleCopy => {
+            assert!(placed > 0 && refused == 0 && ring > 0, "single copy or rings not taken: {output}")
+        }
+        // The rings need no ptrace permission: they are used all the same.
+        WritePath::Refused => assert!(refused > 0 && ring > 0, "single copy not tried: {output}"),
         WritePath::Wire => {
-            assert_eq!((placed, refused), (0, 0), "placed with LND_SOFT_SINGLE_COPY=0: {output}")
+            assert_eq!(
+                (placed, refused, ring),
+                (0, 0, 0),
+                "same-host path with LND_SOFT_SINGLE_COPY=0: {output}"
+            )
         }
     }
 }

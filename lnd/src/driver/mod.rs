@@ -468,7 +468,15 @@ impl<D: Device> Scheduler<D> {
                 // delays the work it waits for on a machine with few cores.
                 std::thread::yield_now();
             }
-            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+            // Before sleeping, the device makes its same-host peers ring instead of just
+            // writing to shared memory; if something arrived meanwhile, do not sleep.
+            let asleep = !timeout.is_zero() && self.engine.device().prepare_to_sleep();
+            let timeout = if asleep { timeout } else { Duration::ZERO };
+            let polled = self.poll.poll(&mut events, Some(timeout));
+            if asleep {
+                self.engine.device().awake();
+            }
+            if let Err(e) = polled {
                 if e.kind() != io::ErrorKind::Interrupted {
                     break;
                 }

@@ -236,6 +236,16 @@ impl<D: Device> Device for Shard<D> {
         self.dev.fd_readable(fd);
     }
 
+    fn prepare_to_sleep(&self) -> bool {
+        if self.index == 0 { self.dev.prepare_to_sleep() } else { true }
+    }
+
+    fn awake(&self) {
+        if self.index == 0 {
+            self.dev.awake();
+        }
+    }
+
     fn take_signalled_cqs(&self, out: &mut Vec<RawFd>) {
         if self.single() {
             return self.dev.take_signalled_cqs(out);

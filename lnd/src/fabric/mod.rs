@@ -85,6 +85,15 @@ pub struct FabricStats {
     /// Placement requests executed after the requester had already completed them in error
     /// (a late responder): the copy is discarded, the request dropped like a lost packet.
     pub placed_stale: u64,
+    /// Frames sent through same-host shared-memory rings instead of the network (the software
+    /// device's same-host path).
+    pub ring_frames_sent: u64,
+    /// Frames received from same-host rings.
+    pub ring_frames_received: u64,
+    /// Doorbells rung: a same-host peer was asleep when a frame was put in its ring.
+    pub ring_doorbells: u64,
+    /// Frames dropped because a same-host ring was full.
+    pub ring_full: u64,
 }
 
 /// An opened RDMA device port: the root of the object graph (`ibv_context` + port).
@@ -180,6 +189,18 @@ pub trait Device: Send + Sync + 'static {
     fn take_signalled_cqs(&self, out: &mut Vec<RawFd>) {
         let _ = out;
     }
+
+    /// The caller is about to sleep in its poller until one of [`Device::pollable_fds`] is
+    /// readable or [`Device::next_deadline`] passes. A device whose peers can deliver without
+    /// making an fd readable (the software device's same-host rings) makes them wake it from
+    /// now on; it returns false if work arrived meanwhile, and then the caller must not sleep.
+    /// The default: sleep.
+    fn prepare_to_sleep(&self) -> bool {
+        true
+    }
+
+    /// The caller woke up after [`Device::prepare_to_sleep`] returned true.
+    fn awake(&self) {}
 
     /// Transport counters.
     fn stats(&self) -> FabricStats;

@@ -161,7 +161,14 @@ impl Peer {
             Some(t) => Some(t.saturating_duration_since(now).min(Duration::from_millis(100))),
             None => Some(Duration::from_millis(100)),
         };
-        self.poll.poll(&mut self.events, timeout).map_err(|e| e.to_string())?;
+        // Same-host peers write into shared memory: ask them to ring before sleeping.
+        let asleep = timeout != Some(Duration::ZERO) && self.dev.prepare_to_sleep();
+        let timeout = if asleep { timeout } else { Some(Duration::ZERO) };
+        let polled = self.poll.poll(&mut self.events, timeout);
+        if asleep {
+            self.dev.awake();
+        }
+        polled.map_err(|e| e.to_string())?;
         self.cq.get_event();
         Ok(now)
     }
@@ -274,11 +281,12 @@ fn target(a: &Args) -> Result<(), String> {
     while peer.turn()? < end {}
     let st = peer.dev.stats();
     println!(
-        "target: verified {verified} messages, {} bytes (single copy: placed {} writes, {} bytes, refused {})",
+        "target: verified {verified} messages, {} bytes (single copy: placed {} writes, {} bytes, refused {}, ring frames {})",
         verified * a.size as u64,
         st.placed_writes,
         st.placed_bytes,
-        st.placed_refused
+        st.placed_refused,
+        st.ring_frames_sent + st.ring_frames_received
     );
     Ok(())
 }
@@ -360,7 +368,7 @@ fn initiator(a: &Args) -> Result<(), String> {
     let mib = (a.messages * a.size as u64) as f64 / f64::from(1 << 20);
     let st = peer.dev.stats();
     println!(
-        "initiator: {} messages of {} bytes, window {}: {mib:.0} MiB in {secs:.3} s = {:.1} MiB/s (retransmits {}, timeouts {}, single copy: placed {}, refused {})",
+        "initiator: {} messages of {} bytes, window {}: {mib:.0} MiB in {secs:.3} s = {:.1} MiB/s (retransmits {}, timeouts {}, single copy: placed {}, refused {}, ring frames {})",
         a.messages,
         a.size,
         a.window,
@@ -368,7 +376,8 @@ fn initiator(a: &Args) -> Result<(), String> {
         st.retransmits,
         st.timeouts,
         st.placed_sent,
-        st.placed_refused
+        st.placed_refused,
+        st.ring_frames_sent + st.ring_frames_received
     );
     Ok(())
 }

@@ -217,6 +217,18 @@ impl Wire for FaultyWire {
         self.inner.udp_port()
     }
 
+    fn prepare_to_sleep(&mut self) -> bool {
+        self.inner.prepare_to_sleep()
+    }
+
+    fn awake(&mut self) {
+        self.inner.awake();
+    }
+
+    fn ring_stats(&self) -> super::wire::RingStats {
+        self.inner.ring_stats()
+    }
+
     fn send(&mut self, now: Instant, dst: Ipv4Addr, frame: &[u8]) -> io::Result<()> {
         self.release_tx(now)?;
         match self.fate(self.config.tx) {

@@ -42,6 +42,7 @@ pub mod packet;
 pub mod place;
 pub mod rc;
 pub mod registry;
+pub(crate) mod ring;
 pub mod sim;
 pub mod wire;
 
@@ -917,8 +918,24 @@ impl Device for SoftDevice {
         }
     }
 
+    fn prepare_to_sleep(&self) -> bool {
+        self.shared.lock().wire.prepare_to_sleep()
+    }
+
+    fn awake(&self) {
+        self.shared.lock().wire.awake();
+    }
+
     fn stats(&self) -> FabricStats {
-        self.shared.lock().stats
+        let s = self.shared.lock();
+        let r = s.wire.ring_stats();
+        FabricStats {
+            ring_frames_sent: r.sent,
+            ring_frames_received: r.received,
+            ring_doorbells: r.doorbells,
+            ring_full: r.full,
+            ..s.stats
+        }
     }
 }
 

@@ -44,7 +44,7 @@ impl Drop for Entry {
 }
 
 /// The registry directory, created if needed; an error if it is not safely ours.
-fn dir() -> io::Result<PathBuf> {
+pub(crate) fn dir() -> io::Result<PathBuf> {
     let uid = fs::metadata("/proc/self")?.uid();
     let shm = Path::new("/dev/shm");
     let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
@@ -80,9 +80,11 @@ fn name(ip: Ipv4Addr, port: u16) -> String {
     format!("{ip}-{port}")
 }
 
-/// Publishes this process as the owner of `ip:port` with identity `nonce`.
+/// Publishes this process as the owner of `ip:port` with identity `nonce` (after sweeping
+/// away what crashed processes left behind).
 pub(crate) fn publish(ip: Ipv4Addr, port: u16, nonce: u64) -> io::Result<Entry> {
     let dir = dir()?;
+    sweep(&dir);
     let pid = std::process::id();
     let start = start_time("self").ok_or_else(|| io::Error::other("no start time in /proc/self/stat"))?;
     let text = format!("{MAGIC}\npid {pid}\nboot {}\nstart {start}\nnonce {nonce:016x}\n", boot_id()?);
@@ -93,6 +95,43 @@ pub(crate) fn publish(ip: Ipv4Addr, port: u16, nonce: u64) -> io::Result<Entry> 
     drop(f);
     fs::rename(&tmp, &path)?;
     Ok(Entry { path, me: LocalPeer { pid, nonce } })
+}
+
+/// Whether the entry file `path` names a process that is gone: another boot, no such pid, or
+/// a pid now held by another process. Unreadable or foreign files are left alone.
+fn is_dead(path: &Path, boot: &str) -> bool {
+    let Ok(text) = fs::read_to_string(path) else { return false };
+    let mut lines = text.lines();
+    if lines.next() != Some(MAGIC) {
+        return false;
+    }
+    let mut field = |key: &str| lines.next()?.strip_prefix(key)?.strip_prefix(' ').map(str::to_owned);
+    let (Some(pid), Some(entry_boot), Some(start)) = (field("pid"), field("boot"), field("start")) else {
+        return false;
+    };
+    entry_boot != boot || start_time(&pid).is_none_or(|s| s.to_string() != start)
+}
+
+/// Removes the entries of processes that are gone, and the same-host rings
+/// (`ring-<ip>-<port>-to-<dst>`, [`super::ring`]) whose producer's entry is gone or dead:
+/// what crashed processes leave behind (a ring holds up to 4 MiB of shared memory).
+pub(crate) fn sweep(dir: &Path) {
+    let Ok(boot) = boot_id() else { return };
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let dead = match name.strip_prefix("ring-").and_then(|r| r.split_once("-to-")) {
+            Some((producer, _)) => {
+                let owner = dir.join(producer);
+                !owner.exists() || is_dead(&owner, &boot)
+            }
+            None if name.starts_with('.') => false,
+            None => is_dead(&e.path(), &boot),
+        };
+        if dead {
+            let _ = fs::remove_file(e.path());
+        }
+    }
 }
 
 /// The live process that published `ip:port`, if any.
@@ -147,5 +186,32 @@ mod tests {
         assert_eq!(m.mode() & 0o777, 0o600);
         drop(entry);
         assert_eq!(lookup(ip, 1), None);
+    }
+
+    #[test]
+    fn sweeping_removes_what_dead_processes_left_and_keeps_the_living() {
+        let dir = std::env::temp_dir().join(format!("lnd-sweep-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let boot = boot_id().unwrap();
+        let me = start_time("self").unwrap();
+        let entry = |pid: u32, start: u64| {
+            format!("{MAGIC}\npid {pid}\nboot {boot}\nstart {start}\nnonce 00000000000000ff\n")
+        };
+        let pid = std::process::id();
+        fs::write(dir.join("127.9.0.1-1"), entry(pid, me)).unwrap(); // alive: this process
+        fs::write(dir.join("127.9.0.2-1"), entry(pid, me + 1)).unwrap(); // pid reused
+        fs::write(dir.join("127.9.0.3-1"), "something else").unwrap(); // not an entry
+        fs::write(dir.join("ring-127.9.0.1-1-to-127.9.0.9"), "").unwrap(); // live producer
+        fs::write(dir.join("ring-127.9.0.2-1-to-127.9.0.9"), "").unwrap(); // dead producer
+        fs::write(dir.join("ring-127.9.0.4-1-to-127.9.0.9"), "").unwrap(); // no producer entry
+        sweep(&dir);
+        let mut left: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["127.9.0.1-1", "127.9.0.3-1", "ring-127.9.0.1-1-to-127.9.0.9"]);
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -6,12 +6,15 @@
 //! delay or corrupt frames. Everything is non-blocking; `now` is passed in so the simulated wire
 //! and delayed frames need no clock of their own.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
 
 use super::place::LocalPeer;
 use super::registry;
+use super::ring::{self, Pushed, RingRx, RingTx};
 use crate::time::Instant;
 
 /// A datagram transport between IPv4 ports.
@@ -51,6 +54,34 @@ pub trait Wire: Send {
     fn lookup_peer(&self, _ip: Ipv4Addr) -> Option<LocalPeer> {
         None
     }
+    /// The caller is about to sleep in its poller until [`Wire::raw_fd`] is readable or a
+    /// deadline passes: a wire whose peers can deliver without making the fd readable (the
+    /// same-host rings) asks them to ring its doorbell from now on. False if a frame arrived
+    /// meanwhile: then the caller must not sleep (the wire is awake again).
+    fn prepare_to_sleep(&mut self) -> bool {
+        true
+    }
+    /// The caller woke up after [`Wire::prepare_to_sleep`] said it may sleep.
+    fn awake(&mut self) {}
+    /// Counters of the same-host rings.
+    fn ring_stats(&self) -> RingStats {
+        RingStats::default()
+    }
+}
+
+/// Counters of a wire's same-host rings ([`super::ring`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingStats {
+    /// Frames sent through rings.
+    pub sent: u64,
+    /// Frames received from rings.
+    pub received: u64,
+    /// Doorbells sent (a consumer was asleep).
+    pub doorbells: u64,
+    /// Frames dropped because a ring was full.
+    pub full: u64,
+    /// Rings given up (not a ring of ours, or a producer that broke the rules).
+    pub refused: u64,
 }
 
 /// Where received frames came from and how long they are.
@@ -91,7 +122,25 @@ pub struct UdpWire {
     /// Edge-driven and the socket was found empty since the last edge.
     drained: bool,
     registry: Option<registry::Entry>,
+    /// Same-host rings ([`super::ring`]): ours to each destination, and theirs to us.
+    rings_tx: HashMap<Ipv4Addr, TxRoute>,
+    rings_rx: Vec<(Ipv4Addr, u16, RingRx)>,
+    rx_next: usize,
+    ring_stats: RingStats,
 }
+
+/// How frames to one destination travel.
+#[derive(Debug)]
+struct TxRoute {
+    /// The ring to it, and the peer's registry identity it was made for; `None`: by UDP.
+    ring: Option<(RingTx, LocalPeer)>,
+    /// When the registry was last consulted about this destination.
+    checked: Option<Instant>,
+}
+
+/// How often a destination's registry entry is looked at again (a peer that appeared, or
+/// restarted and needs a new ring).
+const ROUTE_RECHECK: Duration = Duration::from_secs(1);
 
 /// `UDP_SEGMENT` (linux/udp.h): segment size for UDP GSO.
 const UDP_SEGMENT: libc::c_int = 103;
@@ -126,7 +175,20 @@ impl UdpWire {
             SocketAddr::V6(a) => a.port(),
         };
         let gro = set_int_opt(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok();
-        Ok(UdpWire { socket, ip, port, gso: true, gro, edge_driven: false, drained: false, registry: None })
+        Ok(UdpWire {
+            socket,
+            ip,
+            port,
+            gso: true,
+            gro,
+            edge_driven: false,
+            drained: false,
+            registry: None,
+            rings_tx: HashMap::new(),
+            rings_rx: Vec::new(),
+            rx_next: 0,
+            ring_stats: RingStats::default(),
+        })
     }
 
     /// Offers the same-host path: publishes this process as the owner of the port in the
@@ -137,6 +199,98 @@ impl UdpWire {
             self.registry = Some(registry::publish(self.ip, self.port, nonce)?);
         }
         Ok(())
+    }
+
+    /// The ring to `dst`, if frames to it go through one (a same-host port that offers the
+    /// path); made, or remade for a restarted peer, as the registry says.
+    fn ring_to(&mut self, now: Instant, dst: Ipv4Addr) -> Option<&mut RingTx> {
+        if self.registry.is_none() || !dst.is_loopback() || dst == self.ip {
+            return None;
+        }
+        let (ip, port) = (self.ip, self.port);
+        let route = self.rings_tx.entry(dst).or_insert(TxRoute { ring: None, checked: None });
+        if route.checked.is_none_or(|t| now.saturating_duration_since(t) >= ROUTE_RECHECK) {
+            route.checked = Some(now);
+            let peer = registry::lookup(dst, port);
+            let current = route.ring.as_ref().map(|(_, p)| *p);
+            if peer != current {
+                route.ring = None;
+                if let Some(p) = peer {
+                    let made = registry::dir().and_then(|d| {
+                        RingTx::create(&ring::ring_path(&d, ip, port, dst), crate::rng::os_seed())
+                    });
+                    match made {
+                        Ok(r) => route.ring = Some((r, p)),
+                        Err(e) => eprintln!("lnd: {ip}: no same-host ring to {dst}, using UDP: {e}"),
+                    }
+                }
+            }
+        }
+        route.ring.as_mut().map(|(r, _)| r)
+    }
+
+    /// Puts `frame` into the ring to `dst`, ringing its doorbell if the consumer may sleep.
+    fn push_ring(&mut self, now: Instant, dst: Ipv4Addr, frame: &[u8]) -> Option<()> {
+        let port = self.port;
+        let ring = self.ring_to(now, dst)?;
+        let pushed = ring.push(frame);
+        let bell = ring::doorbell(ring.nonce());
+        match pushed {
+            Pushed::Queued => self.ring_stats.sent += 1,
+            Pushed::RingDoorbell => {
+                self.ring_stats.sent += 1;
+                self.ring_stats.doorbells += 1;
+                // Lost (the peer's port is gone): RC retransmits, and its ring re-check finds
+                // out. The frame itself is in the ring either way.
+                let _ = self.socket.send_to(&bell, SocketAddrV4::new(dst, port));
+            }
+            Pushed::Full => self.ring_stats.full += 1,
+        }
+        Some(())
+    }
+
+    /// A doorbell from `src:src_port` for its ring with `nonce`: map the ring if it is new.
+    fn on_doorbell(&mut self, src: Ipv4Addr, src_port: u16, nonce: u64) {
+        if self.registry.is_none() || !src.is_loopback() || src_port != self.port {
+            return;
+        }
+        if let Some(i) = self.rings_rx.iter().position(|(ip, _, _)| *ip == src) {
+            if self.rings_rx.get(i).is_some_and(|(_, _, r)| r.nonce() == nonce) {
+                return;
+            }
+            self.rings_rx.swap_remove(i);
+        }
+        let opened = registry::dir()
+            .map_err(|_| ring::RingError::NotARing)
+            .and_then(|d| RingRx::open(&ring::ring_path(&d, src, src_port, self.ip), nonce));
+        match opened {
+            Ok(r) => self.rings_rx.push((src, src_port, r)),
+            Err(_) => self.ring_stats.refused += 1,
+        }
+    }
+
+    /// The next frame from a ring (round robin over them).
+    fn recv_ring(&mut self, buf: &mut [u8]) -> Option<Received> {
+        let n = self.rings_rx.len();
+        for k in 0..n {
+            let i = (self.rx_next + k) % n;
+            let (src, src_port, ring) = self.rings_rx.get_mut(i)?;
+            match ring.pop(buf) {
+                Ok(Some(len)) => {
+                    self.rx_next = (i + 1) % n;
+                    self.ring_stats.received += 1;
+                    return Some(Received::single(*src, *src_port, len));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("lnd: {}: the same-host ring from {src} is dropped: {e:?}", self.ip);
+                    self.ring_stats.refused += 1;
+                    self.rings_rx.swap_remove(i);
+                    return self.recv_ring(buf);
+                }
+            }
+        }
+        None
     }
 
     /// One `sendmsg` with a `UDP_SEGMENT` control message.
@@ -238,7 +392,10 @@ impl Wire for UdpWire {
         self.port
     }
 
-    fn send(&mut self, _now: Instant, dst: Ipv4Addr, frame: &[u8]) -> io::Result<()> {
+    fn send(&mut self, now: Instant, dst: Ipv4Addr, frame: &[u8]) -> io::Result<()> {
+        if self.push_ring(now, dst, frame).is_some() {
+            return Ok(());
+        }
         match self.socket.send_to(frame, SocketAddrV4::new(dst, self.port)) {
             Ok(_) => Ok(()),
             // An ICMP port-unreachable from an earlier frame: the peer's port is gone. RC
@@ -249,7 +406,12 @@ impl Wire for UdpWire {
     }
 
     fn send_segments(&mut self, now: Instant, dst: Ipv4Addr, frames: &[u8], seg: usize) -> io::Result<()> {
-        if !self.gso || frames.len() <= seg || seg == 0 || seg > usize::from(u16::MAX) {
+        if !self.gso
+            || frames.len() <= seg
+            || seg == 0
+            || seg > usize::from(u16::MAX)
+            || self.ring_to(now, dst).is_some()
+        {
             for frame in frames.chunks(seg.max(1)) {
                 self.send(now, dst, frame)?;
             }
@@ -268,6 +430,9 @@ impl Wire for UdpWire {
     }
 
     fn recv(&mut self, _now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>> {
+        if let Some(r) = self.recv_ring(buf) {
+            return Ok(Some(r));
+        }
         if self.drained {
             return Ok(None);
         }
@@ -282,7 +447,19 @@ impl Wire for UdpWire {
                 }
             };
             return match r {
-                Ok(r) => Ok(Some(r)),
+                Ok(r) => {
+                    let doorbell = (r.len == ring::DOORBELL_LEN && r.seg == 0)
+                        .then(|| buf.get(..r.len).and_then(ring::parse_doorbell))
+                        .flatten();
+                    if let Some(nonce) = doorbell {
+                        self.on_doorbell(r.src, r.src_port, nonce);
+                        if let Some(f) = self.recv_ring(buf) {
+                            return Ok(Some(f));
+                        }
+                        continue;
+                    }
+                    Ok(Some(r))
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.drained = self.edge_driven;
                     Ok(None)
@@ -317,5 +494,94 @@ impl Wire for UdpWire {
             return None;
         }
         registry::lookup(ip, self.port)
+    }
+
+    fn prepare_to_sleep(&mut self) -> bool {
+        if self.rings_rx.iter().all(|(_, _, r)| r.prepare_to_sleep()) {
+            return true;
+        }
+        self.awake();
+        false
+    }
+
+    fn awake(&mut self) {
+        for (_, _, r) in &self.rings_rx {
+            r.awake();
+        }
+    }
+
+    fn ring_stats(&self) -> RingStats {
+        self.ring_stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits (bounded) for `w`'s socket to become readable.
+    fn readable(w: &UdpWire, ms: i32) -> bool {
+        let mut p = libc::pollfd { fd: w.socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one live pollfd, count 1.
+        unsafe { libc::poll(&mut p, 1, ms) > 0 }
+    }
+
+    fn recv_frame(w: &mut UdpWire) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; 70_000];
+        for _ in 0..1000 {
+            if let Some(r) = w.recv(Instant::ZERO, &mut buf).unwrap() {
+                return Some(buf[..r.len].to_vec());
+            }
+            if !readable(w, 2000) {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Two same-host ports with the path on: frames go through the ring, a sleeping consumer
+    /// is woken by a doorbell, an awake one is not rung; a port without the path uses UDP.
+    #[test]
+    fn same_host_frames_take_the_ring_and_wake_a_sleeping_consumer() {
+        let port = 30_000 + (std::process::id() % 5000) as u16;
+        let (ia, ib, ic) =
+            (Ipv4Addr::new(127, 0, 41, 1), Ipv4Addr::new(127, 0, 41, 2), Ipv4Addr::new(127, 0, 41, 3));
+        let mut a = UdpWire::bind(ia, port).unwrap();
+        let mut b = UdpWire::bind(ib, port).unwrap();
+        let mut c = UdpWire::bind(ic, port).unwrap(); // no same-host path
+        a.publish(1).unwrap();
+        b.publish(2).unwrap();
+        let now = Instant::from_nanos(1);
+        // First frame: a new ring, the consumer unknown: doorbell, then the frame from the ring.
+        a.send(now, ib, b"first").unwrap();
+        assert_eq!(recv_frame(&mut b).as_deref(), Some(&b"first"[..]));
+        // Awake consumer: no doorbell.
+        a.send(now, ib, b"second").unwrap();
+        assert_eq!(recv_frame(&mut b).as_deref(), Some(&b"second"[..]));
+        assert_eq!((a.ring_stats().sent, a.ring_stats().doorbells), (2, 1));
+        // Sleeping consumer: rung once.
+        assert!(b.prepare_to_sleep());
+        a.send(now, ib, b"third").unwrap();
+        assert!(readable(&b, 2000), "the doorbell makes the socket readable");
+        b.awake();
+        assert_eq!(recv_frame(&mut b).as_deref(), Some(&b"third"[..]));
+        assert_eq!((a.ring_stats().doorbells, b.ring_stats().received), (2, 3));
+        // Segments go frame by frame through the ring.
+        a.send_segments(now, ib, &[9u8; 300], 100).unwrap();
+        for _ in 0..3 {
+            assert_eq!(recv_frame(&mut b), Some(vec![9u8; 100]));
+        }
+        // To and from a port without the path: UDP.
+        a.send(now, ic, b"udp").unwrap();
+        assert_eq!(recv_frame(&mut c).as_deref(), Some(&b"udp"[..]));
+        c.send(now, ia, b"back").unwrap();
+        assert_eq!(recv_frame(&mut a).as_deref(), Some(&b"back"[..]));
+        assert_eq!((a.ring_stats().sent, c.ring_stats().sent), (6, 0));
+        // A forged doorbell naming no ring of ours is refused and changes nothing.
+        c.socket.send_to(&ring::doorbell(77), SocketAddrV4::new(ib, port)).unwrap();
+        assert!(readable(&b, 2000));
+        let mut buf = vec![0u8; 2048];
+        assert_eq!(b.recv(now, &mut buf).unwrap(), None);
+        assert_eq!(b.ring_stats().refused, 1, "no such ring: refused, nothing else changes");
     }
 }

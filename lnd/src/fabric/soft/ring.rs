@@ -1,0 +1,478 @@
+//! Same-host frame rings: frames between two ports of one host through shared memory instead
+//! of the kernel's UDP stack.
+//!
+//! A [`super::wire::UdpWire`] with the same-host path on ([`super::place`]) sends its frames
+//! to another same-host port through a single-producer single-consumer ring in a file of the
+//! per-user registry directory ([`super::registry`]), `ring-<src ip>-<port>-to-<dst ip>`,
+//! created (mode 0600, initialised, then renamed into place) and removed by the sender. The
+//! frames are the same RoCEv2 frames the socket would carry, so the RC transport above is
+//! unchanged; only their path differs.
+//!
+//! Layout (little-endian, 64-byte lines, then the data):
+//!
+//! ```text
+//!   0  magic "LNDRING1"   8  nonce (the sender's, per ring)   16  capacity (bytes, 2^k)
+//!  64  tail: bytes written (producer)
+//! 128  head: bytes consumed (consumer)
+//! 192  sleeping: 1 while the consumer may sleep (consumer)   196  rung (producer/consumer)
+//! 4096 data: records [len u32, 0 u32, frame, pad to 8]; len 0xffff_ffff: wrap to the start
+//! ```
+//!
+//! **Wake-ups.** A consumer that is about to sleep in its poller sets `sleeping`, fences, and
+//! looks at its rings once more ([`RingRx::prepare_to_sleep`]); a producer writes its record,
+//! publishes `tail`, fences, and reads `sleeping`: if set (and no doorbell is outstanding,
+//! `rung`), it sends a doorbell, a 16-byte UDP datagram (`LNDBELL1` + the ring's nonce) to the
+//! consumer's socket, which makes the consumer's poller return. With the two fences one of
+//! the two always sees the other, so a frame is never left in a ring while its consumer
+//! sleeps. While the consumer is awake (busy-polling), frames move without a system call.
+//! A consumer learns of a ring from its first doorbell (a new ring starts with `sleeping` set)
+//! and maps it by name.
+//!
+//! **Trust.** Rings live in the user's private directory, so only processes of the same user
+//! can create them; their contents are still untrusted input: every index and length read
+//! from shared memory is checked against the mapping before use, a ring that breaks the rules
+//! is dropped, and its frames go through the same ICRC and parsing as a datagram's. A full
+//! ring drops the frame, as a full socket buffer would; RC retransmits it.
+
+use std::fs;
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+
+const MAGIC: u64 = u64::from_le_bytes(*b"LNDRING1");
+/// The doorbell datagram's first 8 bytes; the ring's nonce follows.
+pub(crate) const DOORBELL_MAGIC: [u8; 8] = *b"LNDBELL1";
+/// Bytes of a doorbell datagram.
+pub(crate) const DOORBELL_LEN: usize = 16;
+/// Data bytes of a ring (4 MiB: a thousand 4 KiB frames; pages are touched only when used).
+pub(crate) const RING_CAPACITY: usize = 4 << 20;
+const HEADER: usize = 4096;
+const OFF_NONCE: usize = 8;
+const OFF_CAP: usize = 16;
+const OFF_TAIL: usize = 64;
+const OFF_HEAD: usize = 128;
+const OFF_SLEEPING: usize = 192;
+const OFF_RUNG: usize = 196;
+const WRAP: u32 = u32::MAX;
+/// Largest frame a record may hold.
+const MAX_RECORD: usize = 16 << 10;
+
+/// The ring file carrying frames from `src:port` to `dst` in `dir`.
+pub(crate) fn ring_path(dir: &Path, src: Ipv4Addr, port: u16, dst: Ipv4Addr) -> PathBuf {
+    dir.join(format!("ring-{src}-{port}-to-{dst}"))
+}
+
+/// A shared mapping of a ring file.
+#[derive(Debug)]
+struct Mapping {
+    base: *mut u8,
+    len: usize,
+    cap: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all access to the shared header words goes
+// through atomics, and the data area is touched only by the one side that owns each part
+// (producer: free space; consumer: published records), so the pointer may move between threads.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    /// Maps `file` (already `HEADER + cap` bytes long) shared, read-write.
+    fn map(file: &fs::File, cap: usize) -> io::Result<Mapping> {
+        let len = HEADER + cap;
+        // SAFETY: a fresh shared mapping of `len` bytes of an open file descriptor; the kernel
+        // picks the address; the result is checked for MAP_FAILED.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { base: base.cast(), len, cap })
+    }
+
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= HEADER && off % 8 == 0);
+        // SAFETY: `off` is one of the fixed, 8-aligned header offsets, inside the mapping
+        // (page-aligned base), which lives as long as `self`; shared words are only accessed
+        // atomically by both processes.
+        unsafe { &*self.base.add(off).cast::<AtomicU64>() }
+    }
+
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off + 4 <= HEADER && off % 4 == 0);
+        // SAFETY: as in `u64_at`, for a 4-aligned header offset.
+        unsafe { &*self.base.add(off).cast::<AtomicU32>() }
+    }
+
+    /// Copies `src` into the data area at `at` (the caller checked `at + src.len() <= cap`).
+    fn write_data(&self, at: usize, src: &[u8]) {
+        if at.checked_add(src.len()).is_none_or(|end| end > self.cap) {
+            return;
+        }
+        // SAFETY: the range is inside the data area (checked above) of a live mapping, in the
+        // part of the ring the producer owns (not yet published), which the consumer does not
+        // read; `src` is a separate buffer of this process.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.add(HEADER + at), src.len()) };
+    }
+
+    /// Copies from the data area at `at` into `dst` (the caller checked the range).
+    fn read_data(&self, at: usize, dst: &mut [u8]) {
+        if at.checked_add(dst.len()).is_none_or(|end| end > self.cap) {
+            return;
+        }
+        // SAFETY: the range is inside the data area (checked above) of a live mapping, in a
+        // record the producer published (tail, acquire) and does not write until `head` moves
+        // past it; a misbehaving producer can only make the bytes garbage, which the frame
+        // checks downstream reject. `dst` is a separate buffer of this process.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.add(HEADER + at), dst.as_mut_ptr(), dst.len()) };
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `base..base+len` is the mapping made in `map`, unmapped exactly once here.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+fn round8(n: usize) -> usize {
+    n.div_ceil(8) * 8
+}
+
+/// The producer end of a ring (the sender's); dropping it removes the file.
+#[derive(Debug)]
+pub(crate) struct RingTx {
+    map: Mapping,
+    path: PathBuf,
+    nonce: u64,
+}
+
+/// What [`RingTx::push`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// In the ring; the consumer is awake (or already rung).
+    Queued,
+    /// In the ring; ring the consumer's doorbell.
+    RingDoorbell,
+    /// The ring is full (or the frame too large): dropped.
+    Full,
+}
+
+impl RingTx {
+    /// Creates the ring file at `path` (replacing any old one) with a fresh `nonce`.
+    pub(crate) fn create(path: &Path, nonce: u64) -> io::Result<RingTx> {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.set_len((HEADER + RING_CAPACITY) as u64)?;
+        let map = Mapping::map(&file, RING_CAPACITY)?;
+        map.u64_at(0).store(MAGIC, Ordering::Relaxed);
+        map.u64_at(OFF_NONCE).store(nonce, Ordering::Relaxed);
+        map.u64_at(OFF_CAP).store(RING_CAPACITY as u64, Ordering::Relaxed);
+        // No consumer has seen it yet: the first frame rings the doorbell.
+        map.u32_at(OFF_SLEEPING).store(1, Ordering::Release);
+        fs::rename(&tmp, path)?;
+        Ok(RingTx { map, path: path.to_owned(), nonce })
+    }
+
+    /// This ring's nonce (carried by its doorbells).
+    pub(crate) fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    /// Appends `frame`.
+    pub(crate) fn push(&mut self, frame: &[u8]) -> Pushed {
+        let cap = self.map.cap;
+        if frame.len() > MAX_RECORD {
+            return Pushed::Full;
+        }
+        let tail = self.map.u64_at(OFF_TAIL).load(Ordering::Relaxed);
+        let head = self.map.u64_at(OFF_HEAD).load(Ordering::Acquire);
+        let used = tail.wrapping_sub(head);
+        if used > cap as u64 {
+            return Pushed::Full; // a consumer that broke the rules: stop writing
+        }
+        let free = cap - used as usize;
+        let at = (tail % cap as u64) as usize;
+        let rec = 8 + round8(frame.len());
+        let skip = if at + rec > cap { cap - at } else { 0 };
+        if skip + rec > free {
+            return Pushed::Full;
+        }
+        let mut pos = at;
+        if skip > 0 {
+            self.map.write_data(at, &WRAP.to_le_bytes());
+            pos = 0;
+        }
+        let mut head_bytes = [0u8; 8];
+        head_bytes[..4].copy_from_slice(&(frame.len() as u32).to_le_bytes());
+        self.map.write_data(pos, &head_bytes);
+        self.map.write_data(pos + 8, frame);
+        self.map.u64_at(OFF_TAIL).store(tail + (skip + rec) as u64, Ordering::Release);
+        // Pairs with the consumer's fence in `prepare_to_sleep`: either it sees this record,
+        // or this sees its `sleeping`.
+        fence(Ordering::SeqCst);
+        if self.map.u32_at(OFF_SLEEPING).load(Ordering::Relaxed) != 0
+            && self.map.u32_at(OFF_RUNG).swap(1, Ordering::AcqRel) == 0
+        {
+            Pushed::RingDoorbell
+        } else {
+            Pushed::Queued
+        }
+    }
+}
+
+impl Drop for RingTx {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// Why a ring was given up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RingError {
+    /// The file is not a ring of ours (magic, nonce, size, owner or mode).
+    NotARing,
+    /// The producer broke the ring's rules (indices or lengths out of range).
+    Corrupt,
+}
+
+/// The consumer end of a ring (the receiver's).
+#[derive(Debug)]
+pub(crate) struct RingRx {
+    map: Mapping,
+    nonce: u64,
+}
+
+impl RingRx {
+    /// Maps the ring file at `path`, which must be a regular file of this user, mode 0600,
+    /// of a ring with `nonce`.
+    pub(crate) fn open(path: &Path, nonce: u64) -> Result<RingRx, RingError> {
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|_| RingError::NotARing)?;
+        let m = file.metadata().map_err(|_| RingError::NotARing)?;
+        let uid = fs::metadata("/proc/self").map_err(|_| RingError::NotARing)?.uid();
+        if !m.is_file()
+            || m.uid() != uid
+            || m.mode() & 0o077 != 0
+            || m.len() != (HEADER + RING_CAPACITY) as u64
+        {
+            return Err(RingError::NotARing);
+        }
+        let map = Mapping::map(&file, RING_CAPACITY).map_err(|_| RingError::NotARing)?;
+        if map.u64_at(0).load(Ordering::Acquire) != MAGIC
+            || map.u64_at(OFF_NONCE).load(Ordering::Relaxed) != nonce
+            || map.u64_at(OFF_CAP).load(Ordering::Relaxed) != RING_CAPACITY as u64
+        {
+            return Err(RingError::NotARing);
+        }
+        let rx = RingRx { map, nonce };
+        rx.awake();
+        Ok(rx)
+    }
+
+    /// The nonce the ring was opened with.
+    pub(crate) fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    /// Takes the next frame into `buf`: its length, `Ok(None)` if the ring is empty.
+    pub(crate) fn pop(&mut self, buf: &mut [u8]) -> Result<Option<usize>, RingError> {
+        let cap = self.map.cap;
+        loop {
+            let head = self.map.u64_at(OFF_HEAD).load(Ordering::Relaxed);
+            let tail = self.map.u64_at(OFF_TAIL).load(Ordering::Acquire);
+            let avail = tail.wrapping_sub(head);
+            if avail == 0 {
+                return Ok(None);
+            }
+            if avail > cap as u64 || head % 8 != 0 {
+                return Err(RingError::Corrupt);
+            }
+            let at = (head % cap as u64) as usize;
+            let mut lenb = [0u8; 4];
+            self.map.read_data(at, &mut lenb);
+            let len = u32::from_le_bytes(lenb);
+            if len == WRAP {
+                let skip = (cap - at) as u64;
+                if skip > avail {
+                    return Err(RingError::Corrupt);
+                }
+                self.map.u64_at(OFF_HEAD).store(head + skip, Ordering::Release);
+                continue;
+            }
+            let len = len as usize;
+            let rec = 8 + round8(len);
+            if len > MAX_RECORD || len > buf.len() || at + rec > cap || rec as u64 > avail {
+                return Err(RingError::Corrupt);
+            }
+            self.map.read_data(at + 8, &mut buf[..len]);
+            self.map.u64_at(OFF_HEAD).store(head + rec as u64, Ordering::Release);
+            return Ok(Some(len));
+        }
+    }
+
+    /// Whether a frame is waiting.
+    pub(crate) fn is_empty(&self) -> bool {
+        let head = self.map.u64_at(OFF_HEAD).load(Ordering::Relaxed);
+        self.map.u64_at(OFF_TAIL).load(Ordering::Acquire) == head
+    }
+
+    /// The consumer may sleep from now on: producers ring the doorbell. False if a frame
+    /// arrived meanwhile (then the consumer must not sleep; call [`RingRx::awake`]).
+    pub(crate) fn prepare_to_sleep(&self) -> bool {
+        self.map.u32_at(OFF_SLEEPING).store(1, Ordering::Relaxed);
+        // Pairs with the producer's fence in `push`.
+        fence(Ordering::SeqCst);
+        self.is_empty()
+    }
+
+    /// The consumer is awake and polling: producers need not ring.
+    pub(crate) fn awake(&self) {
+        self.map.u32_at(OFF_SLEEPING).store(0, Ordering::Relaxed);
+        self.map.u32_at(OFF_RUNG).store(0, Ordering::Release);
+    }
+}
+
+/// Parses a doorbell datagram: the ring's nonce.
+pub(crate) fn parse_doorbell(datagram: &[u8]) -> Option<u64> {
+    let (magic, rest) = datagram.split_first_chunk::<8>()?;
+    let nonce = rest.first_chunk::<8>()?;
+    (*magic == DOORBELL_MAGIC && datagram.len() == DOORBELL_LEN).then(|| u64::from_le_bytes(*nonce))
+}
+
+/// The doorbell datagram of a ring with `nonce`.
+pub(crate) fn doorbell(nonce: u64) -> [u8; DOORBELL_LEN] {
+    let mut d = [0u8; DOORBELL_LEN];
+    d[..8].copy_from_slice(&DOORBELL_MAGIC);
+    d[8..].copy_from_slice(&nonce.to_le_bytes());
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("lnd-ring-test-{}", std::process::id()));
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn pair(name: &str) -> (RingTx, RingRx) {
+        let path = dir().join(name);
+        let tx = RingTx::create(&path, 0x5eed).unwrap();
+        let rx = RingRx::open(&path, 0x5eed).unwrap();
+        (tx, rx)
+    }
+
+    #[test]
+    fn frames_come_out_in_order_across_many_wraps() {
+        let (mut tx, mut rx) = pair("order");
+        let mut buf = vec![0u8; MAX_RECORD];
+        let (mut sent, mut got, mut bytes) = (0u64, 0u64, 0usize);
+        // Odd sizes, several times around the ring, the consumer lagging behind.
+        while got < 6000 {
+            for _ in 0..7 {
+                let len = (sent as usize * 37) % 4100 + 1;
+                let frame: Vec<u8> = (0..len).map(|i| (sent as usize + i) as u8).collect();
+                match tx.push(&frame) {
+                    Pushed::Full => break,
+                    _ => (sent, bytes) = (sent + 1, bytes + len),
+                }
+            }
+            for _ in 0..5 {
+                let Some(n) = rx.pop(&mut buf).unwrap() else { break };
+                let want = (got as usize * 37) % 4100 + 1;
+                assert_eq!(n, want, "frame {got}");
+                assert!(
+                    buf[..n].iter().enumerate().all(|(i, &b)| b == (got as usize + i) as u8),
+                    "frame {got}"
+                );
+                got += 1;
+            }
+        }
+        assert!(bytes > 2 * RING_CAPACITY, "went around the ring at least twice: {bytes} bytes");
+    }
+
+    #[test]
+    fn a_full_ring_drops_and_recovers() {
+        let (mut tx, mut rx) = pair("full");
+        let frame = vec![7u8; 4096];
+        let mut n = 0;
+        while tx.push(&frame) != Pushed::Full {
+            n += 1;
+        }
+        assert_eq!(n, RING_CAPACITY / (4096 + 8));
+        let mut buf = vec![0u8; 8192];
+        assert_eq!(rx.pop(&mut buf).unwrap(), Some(4096));
+        assert_ne!(tx.push(&frame), Pushed::Full);
+        assert_eq!(tx.push(&vec![0u8; MAX_RECORD + 1]), Pushed::Full, "too large for a record");
+    }
+
+    #[test]
+    fn the_doorbell_is_rung_once_per_sleep() {
+        let (mut tx, mut rx) = pair("bell");
+        // New ring: the consumer has not said it is awake (it has, in `open`; sleep again).
+        assert!(rx.prepare_to_sleep());
+        assert_eq!(tx.push(b"a"), Pushed::RingDoorbell);
+        assert_eq!(tx.push(b"b"), Pushed::Queued, "rung already");
+        assert!(!rx.prepare_to_sleep(), "frames are waiting: do not sleep");
+        rx.awake();
+        assert_eq!(tx.push(b"c"), Pushed::Queued, "awake: no doorbell");
+        let mut buf = [0u8; 8];
+        while rx.pop(&mut buf).unwrap().is_some() {}
+        assert!(rx.prepare_to_sleep());
+        assert_eq!(tx.push(b"d"), Pushed::RingDoorbell);
+        assert_eq!(parse_doorbell(&doorbell(tx.nonce())), Some(0x5eed));
+        assert_eq!(parse_doorbell(&doorbell(1)[..15]), None);
+        assert_eq!(parse_doorbell(b"LNDBELL2\0\0\0\0\0\0\0\0"), None);
+    }
+
+    #[test]
+    fn hostile_indices_and_lengths_are_refused() {
+        let (mut tx, mut rx) = pair("hostile");
+        let mut buf = vec![0u8; MAX_RECORD];
+        tx.push(b"hello");
+        // A tail beyond the capacity.
+        tx.map.u64_at(OFF_TAIL).store(RING_CAPACITY as u64 * 2, Ordering::Release);
+        assert_eq!(rx.pop(&mut buf), Err(RingError::Corrupt));
+        // A record length past the end of the ring.
+        let (mut tx, mut rx) = pair("hostile2");
+        tx.push(b"hello");
+        tx.map.write_data(0, &(MAX_RECORD as u32 - 1).to_le_bytes());
+        tx.map.u64_at(OFF_TAIL).store(16, Ordering::Release);
+        assert_eq!(rx.pop(&mut buf), Err(RingError::Corrupt));
+        // A frame longer than the caller's buffer.
+        let (mut tx, mut rx) = pair("hostile3");
+        tx.push(&[1u8; 100]);
+        assert_eq!(rx.pop(&mut buf[..50]), Err(RingError::Corrupt));
+        // Not a ring: wrong nonce, wrong mode.
+        let path = dir().join("notaring");
+        let _tx = RingTx::create(&path, 1).unwrap();
+        assert_eq!(RingRx::open(&path, 2).unwrap_err(), RingError::NotARing);
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(RingRx::open(&path, 1).unwrap_err(), RingError::NotARing);
+        assert_eq!(RingRx::open(&dir().join("absent"), 1).unwrap_err(), RingError::NotARing);
+    }
+}
