@@ -25,7 +25,9 @@
 //!   the wire for that peer. A liveness word per placed request ([`live`]) keeps a responder
 //!   that runs late from copying a buffer the requester already reused. It is the default;
 //!   [`SoftConfig::single_copy`] or `LND_SOFT_SINGLE_COPY=0|1` choose the path;
-//!   `FabricStats::placed_*` count it.
+//!   `FabricStats::placed_*` count it. On the same path every other frame to a same-host port
+//!   travels through a shared-memory ring with a UDP doorbell for a sleeping consumer
+//!   ([`ring`]).
 //!
 //! What it does not: RDMA READ and atomics, UD QPs beyond the GSI, SRQs, memory windows,
 //! P_Key tables, multiple ports, congestion control (CNPs are ignored).
