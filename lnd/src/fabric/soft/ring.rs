@@ -340,6 +340,10 @@ impl RingRx {
     /// The consumer may sleep from now on: producers ring the doorbell. False if a frame
     /// arrived meanwhile (then the consumer must not sleep; call [`RingRx::awake`]).
     pub(crate) fn prepare_to_sleep(&self) -> bool {
+        // A doorbell rung late for an earlier sleep (the producer saw the old `sleeping`)
+        // leaves `rung` set; clear it first, so that `rung` set means "a doorbell was sent
+        // since the consumer last got ready to sleep", and this sleep gets its own.
+        self.map.u32_at(OFF_RUNG).store(0, Ordering::Relaxed);
         self.map.u32_at(OFF_SLEEPING).store(1, Ordering::Relaxed);
         // Pairs with the producer's fence in `push`.
         fence(Ordering::SeqCst);
@@ -443,6 +447,12 @@ mod tests {
         while rx.pop(&mut buf).unwrap().is_some() {}
         assert!(rx.prepare_to_sleep());
         assert_eq!(tx.push(b"d"), Pushed::RingDoorbell);
+        // A doorbell rung late, after the consumer woke: the next sleep still gets its own.
+        rx.awake();
+        tx.map.u32_at(OFF_RUNG).store(1, Ordering::Relaxed);
+        while rx.pop(&mut buf).unwrap().is_some() {}
+        assert!(rx.prepare_to_sleep());
+        assert_eq!(tx.push(b"e"), Pushed::RingDoorbell);
         assert_eq!(parse_doorbell(&doorbell(tx.nonce())), Some(0x5eed));
         assert_eq!(parse_doorbell(&doorbell(1)[..15]), None);
         assert_eq!(parse_doorbell(b"LNDBELL2\0\0\0\0\0\0\0\0"), None);
