@@ -56,6 +56,9 @@ fn brw_write_and_read_with_full_checking() {
     let o = stop(s);
     assert!(o.success, "server exits cleanly on SIGTERM: {o:?}");
     assert!(o.stderr.contains("0 errors, 0 corrupt"), "{o:?}");
+    // Neither the clients nor the server left a same-host registry entry or ring behind
+    // (their LNet buffers' cached registrations outlive the driver's shutdown).
+    assert_eq!(lnd_tests::same_host_leftovers(port), Vec::<String>::new());
 }
 
 #[test]

@@ -57,6 +57,9 @@ fn two_processes_move_1_gib_by_put_verified() {
     assert!(s.success && c.success, "server {s:?}\nclient {c:?}");
     assert!(s.stdout.contains("verified 1024 PUTs"), "{s:?}");
     lnd_tests::assert_write_path(&c.stdout);
+    // Clean exits leave no registry entry and no ring behind.
+    let port = unique_port(1);
+    assert_eq!(lnd_tests::same_host_leftovers(port), Vec::<String>::new());
     println!("{}", c.stdout.trim());
 }
 

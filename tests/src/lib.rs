@@ -212,3 +212,20 @@ pub fn assert_write_path(output: &str) {
         }
     }
 }
+
+/// The same-host registry files (entries `<ip>-<port>` and rings `ring-<ip>-<port>-to-<ip>`)
+/// that processes on UDP port `port` left behind; empty after clean exits.
+pub fn same_host_leftovers(port: u16) -> Vec<String> {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let shm = std::path::Path::new("/dev/shm");
+    let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
+    let dir = base.join(format!("lnd-soft-{uid}"));
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let tag = format!("-{port}");
+    entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(&tag) || n.contains(&format!("{tag}-to-")))
+        .collect()
+}

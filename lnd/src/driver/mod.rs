@@ -361,6 +361,11 @@ impl Lnd for Driver {
         for s in &self.schedulers {
             s.join();
         }
+        // Nothing moves any more: leave the same-host registry now (cached registrations of
+        // LNet buffers may keep the device itself alive until the process exits).
+        if let Some(soft) = &self.soft {
+            soft.close_same_host();
+        }
     }
 }
 

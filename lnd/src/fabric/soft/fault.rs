@@ -225,6 +225,10 @@ impl Wire for FaultyWire {
         self.inner.awake();
     }
 
+    fn close_same_host(&mut self) {
+        self.inner.close_same_host();
+    }
+
     fn ring_stats(&self) -> super::wire::RingStats {
         self.inner.ring_stats()
     }

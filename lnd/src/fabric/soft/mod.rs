@@ -365,6 +365,14 @@ impl SoftDevice {
         Ok(SoftDevice::with_wire(Box::new(wire), config))
     }
 
+    /// Withdraws the device from the same-host path: its registry entry and its rings are
+    /// removed now rather than when the last handle goes (LNet buffers may keep cached
+    /// registrations, and so the device, alive until the process exits). Frames go by UDP
+    /// from then on. For a driver shutting down.
+    pub fn close_same_host(&self) {
+        self.shared.lock().wire.close_same_host();
+    }
+
     /// Opens a device whose port is `ip` on a simulated network.
     pub fn open_sim(net: &SimNet, ip: Ipv4Addr, config: SoftConfig) -> SoftDevice {
         SoftDevice::with_wire(Box::new(net.attach(ip)), config)

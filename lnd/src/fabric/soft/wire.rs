@@ -63,6 +63,9 @@ pub trait Wire: Send {
     }
     /// The caller woke up after [`Wire::prepare_to_sleep`] said it may sleep.
     fn awake(&mut self) {}
+    /// Withdraws from the same-host path: the registry entry and the rings are removed (a
+    /// device shutting down; until it is dropped, frames go by UDP).
+    fn close_same_host(&mut self) {}
     /// Counters of the same-host rings.
     fn ring_stats(&self) -> RingStats {
         RingStats::default()
@@ -508,6 +511,12 @@ impl Wire for UdpWire {
         for (_, _, r) in &self.rings_rx {
             r.awake();
         }
+    }
+
+    fn close_same_host(&mut self) {
+        self.registry = None;
+        self.rings_tx.clear();
+        self.rings_rx.clear();
     }
 
     fn ring_stats(&self) -> RingStats {
