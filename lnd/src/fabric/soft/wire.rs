@@ -593,4 +593,67 @@ mod tests {
         assert_eq!(b.recv(now, &mut buf).unwrap(), None);
         assert_eq!(b.ring_stats().refused, 1, "no such ring: refused, nothing else changes");
     }
+
+    /// The sleep/doorbell handshake under a racing producer: the consumer sleeps whenever its
+    /// rings are empty (poll on the socket with a long timeout); the producer pushes one frame
+    /// at an irregular moment, then waits until it was consumed, so each frame is the last one
+    /// and a lost wake-up would leave it waiting out the timeout.
+    #[test]
+    fn no_frame_waits_for_a_sleeping_consumer() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let port = 35_000 + (std::process::id() % 5000) as u16;
+        let (ia, ib) = (Ipv4Addr::new(127, 0, 42, 1), Ipv4Addr::new(127, 0, 42, 2));
+        let mut a = UdpWire::bind(ia, port).unwrap();
+        let mut b = UdpWire::bind(ib, port).unwrap();
+        a.publish(3).unwrap();
+        b.publish(4).unwrap();
+        const N: u32 = 2000;
+        let consumed = Arc::new(AtomicU32::new(0));
+        let seen = consumed.clone();
+        let producer = std::thread::spawn(move || {
+            let mut x = 0x9e37_79b9u32;
+            for i in 0..N {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                for _ in 0..(x % 4000) {
+                    std::hint::spin_loop();
+                }
+                a.send(Instant::from_nanos(1), ib, &i.to_le_bytes()).unwrap();
+                let mut spins = 0u64;
+                while seen.load(Ordering::Acquire) <= i {
+                    spins += 1;
+                    assert!(spins < 4_000_000_000, "frame {i} never consumed");
+                    std::hint::spin_loop();
+                }
+            }
+            a.ring_stats()
+        });
+        let mut buf = vec![0u8; 70_000];
+        let mut next = 0u32;
+        let mut sleeps = 0u32;
+        while next < N {
+            while let Some(r) = b.recv(Instant::ZERO, &mut buf).unwrap() {
+                if r.len == 4 {
+                    assert_eq!(u32::from_le_bytes(buf[..4].try_into().unwrap()), next, "in order");
+                    next += 1;
+                    consumed.store(next, Ordering::Release);
+                }
+            }
+            if next == N || !b.prepare_to_sleep() {
+                continue;
+            }
+            sleeps += 1;
+            assert!(readable(&b, 10_000), "lost wake-up: frame {next} of {N} never rang");
+            b.readable();
+            b.awake();
+        }
+        let st = producer.join().unwrap();
+        assert!(
+            sleeps > 0 && st.doorbells > 0,
+            "the consumer slept ({sleeps}) and was rung ({})",
+            st.doorbells
+        );
+    }
 }
