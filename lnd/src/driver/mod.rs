@@ -3,14 +3,13 @@
 //! Each scheduler thread owns an [`Engine`] (its connections, credit state and descriptors
 //! need no lock); an interface has one, or `nscheds` (below). It sleeps in a mio loop over the
 //! device's fds, every connection's completion-channel fd and a [`mio::Waker`]; it reads the
-//! OS clock once per turn
-//! and passes it in; it sleeps until the engine's next deadline. While traffic flows it keeps
-//! polling without sleeping for `busy_poll_usec` after its last piece of work (an lnd-rs
-//! tunable), which saves a sleep and a wake-up per message hop; an idle interface sleeps
-//! (after [`crate::fabric::Device::prepare_to_sleep`], so that same-host peers writing to
-//! shared memory ring its doorbell). LNet's calls
-//! ([`Lnd::send`], [`Lnd::close_peer`], queries) arrive on a lock-free queue
-//! (`crossbeam-queue`) and wake it; upcalls into LNet run on it.
+//! OS clock once per turn and passes it in; it sleeps until the engine's next deadline. While
+//! traffic flows it keeps polling without sleeping for `busy_poll_usec` after its last piece of
+//! work (an lnd-rs tunable), which saves a sleep and a wake-up per message hop; an idle
+//! interface sleeps (after [`crate::fabric::Device::prepare_to_sleep`], so that same-host
+//! peers writing to shared memory ring its doorbell). LNet's calls ([`Lnd::send`],
+//! [`Lnd::close_peer`], queries) arrive on a lock-free queue (`crossbeam-queue`) and wake it;
+//! upcalls into LNet run on it.
 //!
 //! Completion queues are handled the way verbs consumers must: on a CQ fd event the engine
 //! consumes the notification, drains the CQ in batches, re-arms it and drains it once more.
