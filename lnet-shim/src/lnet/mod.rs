@@ -64,6 +64,7 @@ mod stats;
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::Duration;
 
@@ -302,8 +303,11 @@ struct State {
 struct Inner {
     me: Weak<Inner>,
     state: Mutex<State>,
-    /// Signalled whenever a change under `state` leaves no message in progress.
+    /// Signalled whenever a change under `state` leaves no message in progress, if someone
+    /// waits ([`Lnet::wait_quiet`]; counted in `quiet_waiters`, because a notify is a system
+    /// call even with nobody waiting).
     quiet: Condvar,
+    quiet_waiters: AtomicUsize,
     outbox: Mutex<VecDeque<(EventSink, Event)>>,
     delivering: Mutex<()>,
 }
@@ -360,6 +364,7 @@ impl Lnet {
                 nis: Vec::new(),
             }),
             quiet: Condvar::new(),
+            quiet_waiters: AtomicUsize::new(0),
             outbox: Mutex::new(VecDeque::new()),
             delivering: Mutex::new(()),
         });
@@ -571,11 +576,14 @@ impl Lnet {
     /// and for tests that check nothing leaked.
     pub fn wait_quiet(&self, timeout: Duration) -> bool {
         let st = self.inner.lock();
+        // Counted under the lock: a change that empties `msgs` after this sees the waiter.
+        self.inner.quiet_waiters.fetch_add(1, Ordering::Relaxed);
         let (st, _) = self
             .inner
             .quiet
             .wait_timeout_while(st, timeout, |st| !st.msgs.is_empty())
             .unwrap_or_else(PoisonError::into_inner);
+        self.inner.quiet_waiters.fetch_sub(1, Ordering::Relaxed);
         st.msgs.is_empty()
     }
 
@@ -601,7 +609,7 @@ impl Inner {
         let r = {
             let mut st = self.lock();
             let r = f(&mut st, &mut work);
-            if st.msgs.is_empty() {
+            if st.msgs.is_empty() && self.quiet_waiters.load(Ordering::Relaxed) > 0 {
                 self.quiet.notify_all();
             }
             if !work.events.is_empty() {
