@@ -17,6 +17,7 @@ pub mod kib_rej;
 pub mod lnet_hdr;
 pub mod nid;
 pub mod o2ib_msg;
+pub mod ring;
 pub mod roce_packet;
 pub mod seeds;
 pub mod soft_device_rx;
@@ -41,4 +42,5 @@ pub const TARGETS: &[Target] = &[
     ("nid", nid::run),
     ("tunables", tunables::run),
     ("soft_device_rx", soft_device_rx::run),
+    ("ring", ring::run),
 ];

@@ -44,7 +44,7 @@ pub mod packet;
 pub mod place;
 pub mod rc;
 pub mod registry;
-pub(crate) mod ring;
+pub mod ring;
 pub mod sim;
 pub mod wire;
 

@@ -223,7 +223,7 @@ impl RingTx {
         head_bytes[..4].copy_from_slice(&(frame.len() as u32).to_le_bytes());
         self.map.write_data(pos, &head_bytes);
         self.map.write_data(pos + 8, frame);
-        self.map.u64_at(OFF_TAIL).store(tail + (skip + rec) as u64, Ordering::Release);
+        self.map.u64_at(OFF_TAIL).store(tail.wrapping_add((skip + rec) as u64), Ordering::Release);
         // Pairs with the consumer's fence in `prepare_to_sleep`: either it sees this record,
         // or this sees its `sleeping`.
         fence(Ordering::SeqCst);
@@ -245,7 +245,7 @@ impl Drop for RingTx {
 
 /// Why a ring was given up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RingError {
+pub enum RingError {
     /// The file is not a ring of ours (magic, nonce, size, owner or mode).
     NotARing,
     /// The producer broke the ring's rules (indices or lengths out of range).
@@ -317,7 +317,7 @@ impl RingRx {
                 if skip > avail {
                     return Err(RingError::Corrupt);
                 }
-                self.map.u64_at(OFF_HEAD).store(head + skip, Ordering::Release);
+                self.map.u64_at(OFF_HEAD).store(head.wrapping_add(skip), Ordering::Release);
                 continue;
             }
             let len = len as usize;
@@ -326,7 +326,7 @@ impl RingRx {
                 return Err(RingError::Corrupt);
             }
             self.map.read_data(at + 8, &mut buf[..len]);
-            self.map.u64_at(OFF_HEAD).store(head + rec as u64, Ordering::Release);
+            self.map.u64_at(OFF_HEAD).store(head.wrapping_add(rec as u64), Ordering::Release);
             return Ok(Some(len));
         }
     }
@@ -370,6 +370,69 @@ pub(crate) fn doorbell(nonce: u64) -> [u8; DOORBELL_LEN] {
     d[..8].copy_from_slice(&DOORBELL_MAGIC);
     d[8..].copy_from_slice(&nonce.to_le_bytes());
     d
+}
+
+/// What [`consume_hostile`] took from a ring.
+#[doc(hidden)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Consumed {
+    /// The length of each frame taken, in order.
+    pub frames: Vec<usize>,
+    /// The receive buffer's size.
+    pub buf_len: usize,
+    /// Why the consumer gave the ring up, if it did.
+    pub error: Option<RingError>,
+}
+
+/// Capacity of the rings [`consume_hostile`] builds.
+#[doc(hidden)]
+pub const HOSTILE_CAPACITY: usize = 64 << 10;
+
+/// Fuzzing: the consumer over a ring whose producer is hostile. `input` is a receive-buffer
+/// size selector (byte 0), the ring's `head` and `tail` (bytes 1..9 and 9..17, little-endian),
+/// then data written into the ring from `head`'s position on (wrapping). Frames are taken until
+/// the ring is empty or refused (at most 20,000). `None` if no anonymous ring can be made.
+#[doc(hidden)]
+pub fn consume_hostile(input: &[u8]) -> Option<Consumed> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let cap = HOSTILE_CAPACITY;
+    // SAFETY: memfd_create takes a NUL-terminated name and flags; a negative return is an error
+    // and checked.
+    let fd = unsafe { libc::memfd_create(c"lnd-ring-fuzz".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nothing else.
+    let file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len((HEADER + cap) as u64).ok()?;
+    let map = Mapping::map(&file, cap).ok()?;
+    let word =
+        |at: usize| input.get(at..at + 8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+    let (head, tail) = (word(1), word(9));
+    map.u64_at(OFF_HEAD).store(head, Ordering::Relaxed);
+    map.u64_at(OFF_TAIL).store(tail, Ordering::Relaxed);
+    let mut at = (head % cap as u64) as usize;
+    for chunk in input.get(17..).unwrap_or_default().chunks(64) {
+        let first = chunk.len().min(cap - at);
+        map.write_data(at, &chunk[..first]);
+        map.write_data(0, &chunk[first..]);
+        at = (at + chunk.len()) % cap;
+    }
+    let buf_len = [0, 8, 64, 4096, MAX_RECORD, 70_000][usize::from(input.first().copied().unwrap_or(0) % 6)];
+    let mut buf = vec![0u8; buf_len];
+    let mut rx = RingRx { map, nonce: 0 };
+    let mut out = Consumed { buf_len, ..Consumed::default() };
+    for _ in 0..20_000 {
+        match rx.pop(&mut buf) {
+            Ok(Some(n)) => out.frames.push(n),
+            Ok(None) => break,
+            Err(e) => {
+                out.error = Some(e);
+                break;
+            }
+        }
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -484,5 +547,43 @@ mod tests {
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(RingRx::open(&path, 1).unwrap_err(), RingError::NotARing);
         assert_eq!(RingRx::open(&dir().join("absent"), 1).unwrap_err(), RingError::NotARing);
+    }
+
+    /// The fuzzing helper reads well-formed rings as the consumer does, and refuses bad ones.
+    #[test]
+    fn the_hostile_consumer_takes_good_frames_and_refuses_bad_rings() {
+        let input = |buf: u8, head: u64, tail: u64, data: &[u8]| {
+            let mut v = vec![buf];
+            v.extend_from_slice(&head.to_le_bytes());
+            v.extend_from_slice(&tail.to_le_bytes());
+            v.extend_from_slice(data);
+            v
+        };
+        let mut rec = 12u32.to_le_bytes().to_vec();
+        rec.extend_from_slice(&[0; 4]);
+        rec.extend_from_slice(b"hello, frame");
+        rec.resize(24, 0);
+        let c = consume_hostile(&input(3, 0, 24, &rec)).unwrap();
+        assert_eq!((c.frames, c.error), (vec![12], None));
+        // A wrap marker in the ring's last 8 bytes, then the record at the start.
+        let cap = HOSTILE_CAPACITY as u64;
+        let mut wrapped = WRAP.to_le_bytes().to_vec();
+        wrapped.extend_from_slice(&[0; 4]);
+        wrapped.extend_from_slice(&rec);
+        let c = consume_hostile(&input(3, cap - 8, cap + 24, &wrapped)).unwrap();
+        assert_eq!((c.frames, c.error), (vec![12], None));
+        let c = consume_hostile(&input(3, 0, cap * 2, &rec)).unwrap();
+        assert_eq!((c.frames, c.error), (vec![], Some(RingError::Corrupt)));
+        let c = consume_hostile(&input(1, 0, 24, &rec)).unwrap();
+        assert_eq!((c.frames, c.error), (vec![], Some(RingError::Corrupt)), "a frame larger than the buffer");
+        assert!(consume_hostile(&[]).unwrap().frames.is_empty());
+        // Found by the `ring` fuzz target: indices near 2^64 (the producer may write `head` too)
+        // overflowed the consumer's `head + record`. Indices are counters modulo 2^64.
+        let near_end = consume_hostile(&[2, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xd8]).unwrap();
+        assert!(near_end.frames.len() <= 20_000);
+        let head = u64::MAX - 7;
+        let c = consume_hostile(&input(3, head, head.wrapping_add(24 + 8), &[&WRAP.to_le_bytes()[..], &[0; 4], &rec].concat()))
+            .unwrap();
+        assert_eq!((c.frames, c.error), (vec![12], None), "a record across the 2^64 wrap of the indices");
     }
 }
