@@ -582,8 +582,13 @@ mod tests {
         let near_end = consume_hostile(&[2, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xd8]).unwrap();
         assert!(near_end.frames.len() <= 20_000);
         let head = u64::MAX - 7;
-        let c = consume_hostile(&input(3, head, head.wrapping_add(24 + 8), &[&WRAP.to_le_bytes()[..], &[0; 4], &rec].concat()))
-            .unwrap();
+        let c = consume_hostile(&input(
+            3,
+            head,
+            head.wrapping_add(24 + 8),
+            &[&WRAP.to_le_bytes()[..], &[0; 4], &rec].concat(),
+        ))
+        .unwrap();
         assert_eq!((c.frames, c.error), (vec![12], None), "a record across the 2^64 wrap of the indices");
     }
 }
