@@ -139,6 +139,8 @@ struct TxRoute {
     ring: Option<(RingTx, LocalPeer)>,
     /// When the registry was last consulted about this destination.
     checked: Option<Instant>,
+    /// A failure to make the ring was reported (once; it is retried at each re-check).
+    warned: bool,
 }
 
 /// How often a destination's registry entry is looked at again (a peer that appeared, or
@@ -211,7 +213,7 @@ impl UdpWire {
             return None;
         }
         let (ip, port) = (self.ip, self.port);
-        let route = self.rings_tx.entry(dst).or_insert(TxRoute { ring: None, checked: None });
+        let route = self.rings_tx.entry(dst).or_insert(TxRoute { ring: None, checked: None, warned: false });
         if route.checked.is_none_or(|t| now.saturating_duration_since(t) >= ROUTE_RECHECK) {
             route.checked = Some(now);
             let peer = registry::lookup(dst, port);
@@ -223,8 +225,14 @@ impl UdpWire {
                         RingTx::create(&ring::ring_path(&d, ip, port, dst), crate::rng::os_seed())
                     });
                     match made {
-                        Ok(r) => route.ring = Some((r, p)),
-                        Err(e) => eprintln!("lnd: {ip}: no same-host ring to {dst}, using UDP: {e}"),
+                        Ok(r) => (route.ring, route.warned) = (Some((r, p)), false),
+                        Err(e) if !route.warned => {
+                            route.warned = true;
+                            eprintln!(
+                                "lnd: {ip}: no same-host ring to {dst}, using UDP (retried each second): {e}"
+                            );
+                        }
+                        Err(_) => {}
                     }
                 }
             }
