@@ -281,12 +281,18 @@ impl Driver {
     /// Each scheduler's counters (asks every scheduler; `None` for one that does not answer in
     /// time).
     pub fn scheduler_stats(&self) -> Vec<Option<DriverStats>> {
+        self.ask_all(Cmd::Stats)
+    }
+
+    /// Sends the query `ask` to every scheduler at once, then collects each one's answer
+    /// (`None` for one that does not answer within [`QUERY_TIMEOUT`]).
+    fn ask_all<T>(&self, ask: fn(mpsc::Sender<T>) -> Cmd) -> Vec<Option<T>> {
         let asked: Vec<_> = self
             .schedulers
             .iter()
             .map(|s| {
                 let (tx, rx) = mpsc::channel();
-                s.push(Cmd::Stats(tx));
+                s.push(ask(tx));
                 rx
             })
             .collect();
@@ -336,16 +342,7 @@ impl Lnd for Driver {
     }
 
     fn peers(&self) -> Vec<PeerInfo> {
-        let asked: Vec<_> = self
-            .schedulers
-            .iter()
-            .map(|s| {
-                let (tx, rx) = mpsc::channel();
-                s.push(Cmd::Peers(tx));
-                rx
-            })
-            .collect();
-        asked.into_iter().flat_map(|rx| rx.recv_timeout(QUERY_TIMEOUT).unwrap_or_default()).collect()
+        self.ask_all(Cmd::Peers).into_iter().flatten().flatten().collect()
     }
 
     fn close_peer(&self, peer: Nid) {

@@ -120,13 +120,12 @@ impl<D: Device> Shard<D> {
     /// Moves the device's MADs to their shards' inboxes.
     fn route_mads(&self) {
         let n = self.router.count();
-        let mut woken = vec![false; n];
         while let Some((from, mad)) = self.dev.recv_mad() {
             let to = shard_of_mad(&mad, n);
             if let Some(inbox) = self.router.inboxes.get(to) {
                 inbox.mads.push((from, mad));
             }
-            if to != self.index && !std::mem::replace(&mut woken[to], true) {
+            if to != self.index {
                 self.router.wake(to);
             }
         }
@@ -250,15 +249,16 @@ impl<D: Device> Device for Shard<D> {
         if self.single() {
             return self.dev.take_signalled_cqs(out);
         }
-        let mut fresh = Vec::new();
-        self.dev.take_signalled_cqs(&mut fresh);
+        // The device's fresh ones straight into `out`, copied to the other shards from there.
+        let start = out.len();
+        self.dev.take_signalled_cqs(out);
+        let end = out.len();
         for (i, inbox) in self.router.inboxes.iter().enumerate() {
             let mut list = inbox.signalled.lock().unwrap_or_else(PoisonError::into_inner);
             if i == self.index {
                 out.append(&mut list);
-                out.extend_from_slice(&fresh);
             } else {
-                list.extend_from_slice(&fresh);
+                list.extend_from_slice(out.get(start..end).unwrap_or_default());
             }
         }
     }

@@ -882,6 +882,21 @@ fn hostile_placed(
     out
 }
 
+/// Takes a QP (in RESET) to RTR with REMOTE_WRITE, facing QPN 0x1234 at ip(1) (a raw port),
+/// expecting PSN 100.
+fn ready_for_raw_peer(qp: &SoftQp) {
+    qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE }).unwrap();
+    qp.modify(&QpModify::Rtr {
+        path_mtu: Mtu::Mtu4096,
+        dest_qpn: 0x1234,
+        rq_psn: 100,
+        dest: PortAddr::from_ipv4(ip(1)),
+        max_dest_rd_atomic: 0,
+        min_rnr_timer: 1,
+    })
+    .unwrap();
+}
+
 #[test]
 fn hostile_placement_requests_are_refused_checked_or_fail_the_qp() {
     let s = seed();
@@ -889,19 +904,7 @@ fn hostile_placement_requests_are_refused_checked_or_fail_the_qp() {
     let b = node(&net, 2, on_path(s, SingleCopy::Auto), 16384);
     let mut raw = net.attach(ip(1));
     let nonce = raw.local_peer().unwrap().nonce;
-    b.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE }).unwrap();
-    let rtr = |qp: &SoftQp| {
-        qp.modify(&QpModify::Rtr {
-            path_mtu: Mtu::Mtu4096,
-            dest_qpn: 0x1234,
-            rq_psn: 100,
-            dest: PortAddr::from_ipv4(ip(1)),
-            max_dest_rd_atomic: 0,
-            min_rnr_timer: 1,
-        })
-        .unwrap()
-    };
-    rtr(&b.qp);
+    ready_for_raw_peer(&b.qp);
     let src = vec![0xabu8; 8192];
     let at = src.as_ptr() as u64;
     let mut now = Instant::ZERO;
@@ -947,8 +950,7 @@ fn hostile_placement_requests_are_refused_checked_or_fail_the_qp() {
     ] {
         b.buf.buf().fill(0);
         b.qp.modify(&QpModify::Reset).unwrap();
-        b.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE }).unwrap();
-        rtr(&b.qp);
+        ready_for_raw_peer(&b.qp);
         let got = hostile_placed(&b, &mut raw, &mut now, live, &[(100, nonce, dma_len, sges)]);
         assert_eq!(got, vec![nak(code, 100)], "seed {s}");
         assert!(b.buf.buf().to_vec(0, 16384).unwrap().iter().all(|&x| x == 0));
@@ -966,16 +968,7 @@ fn a_placement_request_executed_after_the_requester_gave_up_is_dropped() {
     let b = node(&net, 2, on_path(s, SingleCopy::Auto), 16384);
     let mut raw = net.attach(ip(1));
     let nonce = raw.local_peer().unwrap().nonce;
-    b.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE }).unwrap();
-    b.qp.modify(&QpModify::Rtr {
-        path_mtu: Mtu::Mtu4096,
-        dest_qpn: 0x1234,
-        rq_psn: 100,
-        dest: PortAddr::from_ipv4(ip(1)),
-        max_dest_rd_atomic: 0,
-        min_rnr_timer: 1,
-    })
-    .unwrap();
+    ready_for_raw_peer(&b.qp);
     let src = vec![0x5au8; 4096];
     let at = src.as_ptr() as u64;
     let mut now = Instant::ZERO;
