@@ -7,6 +7,10 @@
 //! completion means the device is done with the bytes); overlapping concurrent access to the
 //! same bytes is a race the protocol above must prevent, as with real DMA.
 //!
+//! The memory comes from the process's buffer arena ([`crate::arena`]) when there is one, so a
+//! same-host peer's device can map it and copy from it without a system call; otherwise from
+//! the heap.
+//!
 //! A buffer carries a small **registration cache**: an LND registers the buffer with its device
 //! once ([`Buffer::registration`]) and finds the keys there next time; the registration is
 //! dropped (deregistered) before the memory is freed, so no device can reach freed memory.
@@ -52,6 +56,8 @@ struct Registration {
 pub struct Buffer {
     ptr: NonNull<u8>,
     len: usize,
+    /// Whether the memory is an arena block (else a heap allocation).
+    in_arena: bool,
     regs: Mutex<Vec<Registration>>,
 }
 
@@ -70,21 +76,30 @@ impl std::fmt::Debug for Buffer {
 }
 
 impl Buffer {
-    /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGN`].
+    /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGN`], from the buffer arena if
+    /// there is one and it has room, else from the heap.
     ///
     /// # Panics
     /// If the allocation fails (as `Vec` does).
     pub fn new(len: usize) -> Buffer {
         let regs = Mutex::new(Vec::new());
         if len == 0 {
-            return Buffer { ptr: NonNull::<[u8; BUFFER_ALIGN]>::dangling().cast(), len: 0, regs };
+            return Buffer {
+                ptr: NonNull::<[u8; BUFFER_ALIGN]>::dangling().cast(),
+                len: 0,
+                in_arena: false,
+                regs,
+            };
+        }
+        if let Some(ptr) = crate::arena::arena().and_then(|a| a.alloc(len)) {
+            return Buffer { ptr, len, in_arena: true, regs };
         }
         let layout = Layout::from_size_align(len, BUFFER_ALIGN)
             .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<u8>()));
         // SAFETY: the layout has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Buffer { ptr, len, regs }
+        Buffer { ptr, len, in_arena: false, regs }
     }
 
     /// A buffer holding a copy of `data`.
@@ -108,6 +123,11 @@ impl Buffer {
     /// The address of the first byte (what goes in an SGE or an RDMA descriptor).
     pub fn addr(&self) -> u64 {
         self.ptr.as_ptr() as usize as u64
+    }
+
+    /// Whether the memory is in the process's buffer arena ([`crate::arena`]).
+    pub fn in_arena(&self) -> bool {
+        self.in_arena
     }
 
     /// A raw pointer to the first byte, for registration with a device.
@@ -222,7 +242,13 @@ impl Drop for Buffer {
         // Deregister first: after this no device can reach the memory.
         let regs = std::mem::take(self.regs.get_mut().unwrap_or_else(PoisonError::into_inner));
         drop(regs);
-        if self.len > 0 {
+        if self.in_arena {
+            if let Some(arena) = crate::arena::arena() {
+                // SAFETY: allocated in `new` from this arena with this length, not freed before;
+                // `self` is going away, and no device can reach it any more.
+                unsafe { arena.dealloc(self.ptr, self.len) };
+            }
+        } else if self.len > 0 {
             if let Ok(layout) = Layout::from_size_align(self.len, BUFFER_ALIGN) {
                 // SAFETY: allocated in `new` with exactly this layout and not freed before.
                 unsafe { dealloc(self.ptr.as_ptr(), layout) };

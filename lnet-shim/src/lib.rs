@@ -6,9 +6,10 @@
 //! [`Lnet`] is the entry point (see [`lnet`] for its contract); [`loopback`] is an in-process
 //! LND for tests.
 //!
-//! `unsafe` is denied except in [`buffer`], which owns memory that devices write.
+//! `unsafe` is denied except in [`buffer`] and [`arena`], which own memory that devices write.
 #![deny(unsafe_code)]
 
+pub mod arena;
 pub mod buffer;
 pub mod event;
 pub mod hdr;

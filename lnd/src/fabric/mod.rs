@@ -79,6 +79,9 @@ pub struct FabricStats {
     pub placed_writes: u64,
     /// Bytes of those placed WRITEs.
     pub placed_bytes: u64,
+    /// Of those placed WRITEs, the ones copied by `memcpy` from the requester's mapped buffer
+    /// arena (no system call); the others used `process_vm_readv`.
+    pub placed_mapped: u64,
     /// Placement requests refused (sent or received `PlacementRefused`): the WRITE went by the
     /// wire instead.
     pub placed_refused: u64,

@@ -20,7 +20,8 @@
 //! responder's reads of the data come before its read of the word; x86's load ordering and
 //! the system call boundaries keep them so.
 //!
-//! Words live in a process-wide pool of chunks that are never freed, and tokens come from one
+//! Words live in a process-wide pool of chunks that are never freed (in the buffer arena when
+//! the process has one, so that a responder that maps it reads a word with one load), and tokens come from one
 //! 64-bit counter that never repeats, so a word read late is either the same request's token
 //! or something else: never an old token that matches by chance (no ABA).
 
@@ -38,6 +39,19 @@ struct Pool {
 
 static POOL: Mutex<Pool> = Mutex::new(Pool { free: Vec::new(), next_token: 1 });
 
+/// A chunk of words: in the buffer arena when there is one (so a responder that maps the arena
+/// reads a word with a load, [`super::peer_arena`]), else on the heap; never freed.
+fn new_chunk() -> &'static [AtomicU64] {
+    let bytes = CHUNK * std::mem::size_of::<AtomicU64>();
+    match lnet_shim::arena::arena().and_then(|a| a.alloc_static(bytes)) {
+        // SAFETY: a zeroed, page-aligned block of `bytes` bytes that is never freed and that
+        // nothing else refers to; AtomicU64 has the size and (8-byte) alignment the block
+        // satisfies, and zero is a valid value.
+        Some(block) => unsafe { std::slice::from_raw_parts(block.as_ptr().cast::<AtomicU64>(), CHUNK) },
+        None => Box::leak((0..CHUNK).map(|_| AtomicU64::new(0)).collect::<Box<[AtomicU64]>>()),
+    }
+}
+
 /// The liveness word of one outstanding placed work request; dropping it clears the word.
 #[derive(Debug)]
 pub(crate) struct LiveWord {
@@ -52,8 +66,7 @@ impl LiveWord {
         let word = match pool.free.pop() {
             Some(w) => w,
             None => {
-                let chunk: &'static [AtomicU64] =
-                    Box::leak((0..CHUNK).map(|_| AtomicU64::new(0)).collect::<Box<[AtomicU64]>>());
+                let chunk = new_chunk();
                 let (first, rest) = chunk.split_first().expect("CHUNK > 0");
                 pool.free.extend(rest.iter());
                 first

@@ -196,6 +196,41 @@ impl MrTable {
         self.check(pd, key, addr, len, Access::NONE).map(|_| ())
     }
 
+    /// Fills `len` bytes at `addr` under `key` (REMOTE_WRITE, PD `pd`) by `memcpy` from
+    /// `sources` (pointer, length), whose lengths add up to `len`: the same-host RDMA WRITE of
+    /// [`super::place`] from a peer's mapped arena ([`super::peer_arena`]).
+    ///
+    /// # Safety
+    /// Every source must be readable for its length for the whole call (a range of a live
+    /// mapping). Its bytes may change under the copy (another process owns them): the copy
+    /// then holds some mix of old and new, as a wire WRITE racing its source would.
+    pub(crate) unsafe fn write_from_sources(
+        &self,
+        pd: u32,
+        key: u32,
+        addr: u64,
+        len: u64,
+        sources: &[(*const u8, u64)],
+    ) -> Result<(), MemFault> {
+        let ulen = usize::try_from(len).map_err(|_| MemFault::Range)?;
+        self.check(pd, key, addr, ulen, Access::REMOTE_WRITE)?;
+        let mut done = 0usize;
+        for &(src, n) in sources {
+            let n = usize::try_from(n).map_err(|_| MemFault::Range)?;
+            let end = done.checked_add(n).filter(|&e| e <= ulen).ok_or(MemFault::Range)?;
+            // SAFETY: `check` found a live region containing addr..addr+len, valid for writes
+            // while registered, and deregistration needs the device lock our caller holds;
+            // done..end lies inside it (checked just above). The source is readable for `n`
+            // bytes (the caller's promise) and in another mapping, so they do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(src, (addr as usize as *mut u8).add(done), n) };
+            done = end;
+        }
+        if done != ulen {
+            return Err(MemFault::Range);
+        }
+        Ok(())
+    }
+
     /// Fills `len` bytes at `addr` under `key` (REMOTE_WRITE, PD `pd`) with one copy from the
     /// memory of process `pid`: the gather list `remote` (address in that process, length),
     /// whose lengths add up to `len`. The same-host RDMA WRITE of [`super::place`].

@@ -41,6 +41,7 @@ pub mod fault;
 pub(crate) mod live;
 pub mod mem;
 pub mod packet;
+pub(crate) mod peer_arena;
 pub mod place;
 pub mod rc;
 pub mod registry;
@@ -356,7 +357,7 @@ impl SoftDevice {
                 std::io::Error::new(e.kind(), format!("{ip}:{}: {e}", config.udp_port)),
             )
         })?;
-        if config.single_copy == SingleCopy::Auto {
+        if config.single_copy != SingleCopy::Off {
             // Without an entry peers cannot find this process: the wire is used, nothing breaks.
             if let Err(e) = wire.publish(crate::rng::os_seed()) {
                 eprintln!("lnd: {}: single-copy off: cannot publish {ip} in the registry: {e}", config.name);
@@ -473,6 +474,11 @@ impl SoftDevice {
     #[doc(hidden)]
     pub fn force_placement_errno(&self, errno: Option<i32>) {
         self.shared.lock().place.force_errno(errno);
+    }
+
+    /// How many same-host senders' buffer arenas this device has mapped ([`peer_arena`]).
+    pub fn mapped_arenas(&self) -> usize {
+        self.shared.lock().place.mapped_arenas()
     }
 
     /// Live objects, for leak checks.
@@ -898,6 +904,8 @@ impl Device for SoftDevice {
             }
         }
         s.fire_timers(now);
+        let DevState { place, wire, .. } = &mut *s;
+        place.forget_departed(wire, now);
         s.transmit_gsi(now, local, port).map_err(|e| FabricError::io("send", e))?;
         s.transmit(now, local, port).map_err(|e| FabricError::io("send", e))?;
         Ok(())

@@ -69,9 +69,22 @@
 //! # Choosing the path
 //! [`SoftConfig::single_copy`](super::SoftConfig::single_copy): [`SingleCopy::Auto`] (the
 //! default) places whenever the peer is on the same host; [`SingleCopy::Off`] always uses the
-//! wire (and refuses placement requests). The environment variable `LND_SOFT_SINGLE_COPY=0`
-//! (or `off`) makes the default `Off`, so whole suites can run on either path.
-//! `FabricStats::placed_sent`, `placed_writes` and `placed_bytes` count what took the path.
+//! wire (and refuses placement requests); [`SingleCopy::Syscall`] places but always copies with
+//! `process_vm_readv`. The environment variable `LND_SOFT_SINGLE_COPY=0` (or `off`) makes the
+//! default `Off`, and `=syscall` makes it `Syscall`, so whole suites can run on each path.
+//! `FabricStats::placed_sent`, `placed_writes` and `placed_bytes` count what took the path,
+//! `placed_mapped` the copies made from a mapped arena.
+//!
+//! # The copy: from a mapped arena, or `process_vm_readv`
+//! A process's LNet buffers live in its buffer arena ([`lnet_shim::arena`]), a sealed `memfd`
+//! its registry entry names. The first request whose source lies in a sender's arena maps it
+//! read-only ([`super::peer_arena`]); from then on a request whose every gather entry (and
+//! liveness word) lies inside the mapping is copied with `memcpy`: no system call, no page
+//! pinning. Anything else (memory outside the arena, an arena that cannot be mapped) is
+//! copied with `process_vm_readv` as before; the trust argument is the same, since opening
+//! `/proc/<pid>/fd/<fd>` needs the same ptrace permission. Mappings of senders whose process
+//! went away or restarted are dropped within a few seconds of device activity
+//! ([`Placement::forget_departed`]), so they do not keep a departed process's memory alive.
 //!
 //! Not placed: inline WRITEs (their data already sits in the work request), zero-length WRITEs,
 //! and anything to a port on another host.
@@ -79,20 +92,29 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
+use std::time::Duration;
+
 use super::mem::{self, MemFault, MrTable, PlaceFault};
+use super::peer_arena::PeerArena;
 use super::wire::Wire;
+use crate::time::Instant;
 
 /// Which path same-host RDMA WRITEs take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SingleCopy {
-    /// Place WRITEs to ports on the same host with one copy; the wire otherwise.
+    /// Place WRITEs to ports on the same host with one copy; the wire otherwise. The copy is a
+    /// `memcpy` from the requester's mapped buffer arena when the source lies in it
+    /// ([`super::peer_arena`]), else `process_vm_readv`.
     Auto,
+    /// As `Auto`, but every copy uses `process_vm_readv` (no peer arena is mapped).
+    Syscall,
     /// Always the wire.
     Off,
 }
 
 impl SingleCopy {
-    /// The default: `Auto`, unless `LND_SOFT_SINGLE_COPY` is `0`, `off`, `false` or `wire`.
+    /// The default: `Auto`, unless `LND_SOFT_SINGLE_COPY` is `0`, `off`, `false` or `wire`
+    /// (`Off`) or `syscall` (`Syscall`).
     pub fn from_env() -> SingleCopy {
         SingleCopy::from_setting(std::env::var("LND_SOFT_SINGLE_COPY").ok().as_deref())
     }
@@ -101,6 +123,7 @@ impl SingleCopy {
     pub fn from_setting(value: Option<&str>) -> SingleCopy {
         match value.map(str::trim) {
             Some("0" | "off" | "false" | "wire") => SingleCopy::Off,
+            Some("syscall") => SingleCopy::Syscall,
             _ => SingleCopy::Auto,
         }
     }
@@ -113,6 +136,8 @@ pub struct LocalPeer {
     pub pid: u32,
     /// A random identity of the port's device, carried in its placement requests.
     pub nonce: u64,
+    /// The process's buffer arena, which a responder may map ([`super::peer_arena`]).
+    pub arena: Option<lnet_shim::arena::ArenaInfo>,
 }
 
 /// Fixed part of a [`PlacedWrite`] payload: nonce (8), PSN count (4), entries (2), zero (2),
@@ -243,13 +268,35 @@ pub(crate) enum Unplaced {
     Stale,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 enum Sender {
-    /// Copies from this process work (as far as we know).
-    Known(LocalPeer),
+    /// Copies from this process work (as far as we know); its arena, once mapped.
+    Known(LocalPeer, ArenaMap),
     /// The kernel refused: the wire for this peer from now on.
     Refused,
 }
+
+/// A sender's buffer arena ([`super::peer_arena`]).
+#[derive(Debug)]
+enum ArenaMap {
+    /// Not tried yet (mapped at the first request whose source lies in it).
+    Untried,
+    Mapped(PeerArena),
+    /// It has none, or it could not be mapped: `process_vm_readv` for everything.
+    Unavailable,
+}
+
+/// How a placed WRITE was copied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Copied {
+    /// `memcpy` from the requester's mapped arena.
+    Mapped,
+    /// `process_vm_readv`.
+    Syscall,
+}
+
+/// How often departed senders are looked for ([`Placement::forget_departed`]).
+const DEPARTED_CHECK: Duration = Duration::from_secs(5);
 
 /// A device's single-copy state: its mode and identity, where it may place, and whom it can
 /// copy from.
@@ -262,6 +309,8 @@ pub(crate) struct Placement {
     routes: HashMap<Ipv4Addr, bool>,
     /// Responder side: sources and their processes.
     senders: HashMap<Ipv4Addr, Sender>,
+    /// When departed senders were last looked for.
+    checked: Instant,
     /// Test hook: the next copies fail with this errno.
     forced_errno: Option<i32>,
 }
@@ -274,6 +323,7 @@ impl Placement {
             own,
             routes: HashMap::new(),
             senders: HashMap::new(),
+            checked: Instant::ZERO,
             forced_errno: None,
         }
     }
@@ -285,7 +335,7 @@ impl Placement {
     /// Requester side: the nonce to send in placement requests to `dst`, or `None` if WRITEs
     /// to it go by the wire.
     pub(crate) fn route<W: Wire + ?Sized>(&mut self, wire: &W, dst: Ipv4Addr) -> Option<u64> {
-        let own = self.own.filter(|_| self.mode == SingleCopy::Auto)?;
+        let own = self.own.filter(|_| self.mode != SingleCopy::Off)?;
         let place = *self.routes.entry(dst).or_insert_with(|| wire.lookup_peer(dst).is_some());
         place.then_some(own.nonce)
     }
@@ -308,33 +358,48 @@ impl Placement {
         rkey: u32,
         va: u64,
         len: u64,
-    ) -> Result<(), Unplaced> {
+    ) -> Result<Copied, Unplaced> {
         if self.mode == SingleCopy::Off || self.own.is_none() {
             return Err(Unplaced::Refused);
         }
-        let peer = match self.senders.get(&src) {
+        let fresh = match self.senders.get(&src) {
             Some(Sender::Refused) => return Err(Unplaced::Refused),
-            Some(Sender::Known(p)) if p.nonce == w.nonce => *p,
-            _ => {
-                // Unknown, or restarted: look it up again; the entry must carry the request's nonce.
-                let p = wire.lookup_peer(src).filter(|p| p.nonce == w.nonce).ok_or(Unplaced::Refused)?;
-                self.senders.insert(src, Sender::Known(p));
-                p
-            }
+            Some(Sender::Known(p, _)) => p.nonce != w.nonce,
+            None => true,
         };
-        let result = match self.forced_errno {
-            Some(errno) => Err(PlaceFault::Os(std::io::Error::from_raw_os_error(errno))),
-            None => mem.write_from_process(pd, rkey, va, len, peer.pid, &w.sges),
+        if fresh {
+            // Unknown, or restarted: look it up again; the entry must carry the request's nonce.
+            let p = wire.lookup_peer(src).filter(|p| p.nonce == w.nonce).ok_or(Unplaced::Refused)?;
+            self.senders.insert(src, Sender::Known(p, ArenaMap::Untried));
+        }
+        let Some(Sender::Known(peer, arena)) = self.senders.get_mut(&src) else {
+            return Err(Unplaced::Refused);
         };
-        match result {
-            Ok(()) => {
-                // The data was read before this: if the word still holds the token, the request
-                // was outstanding (its buffer not yet handed back) for the whole copy.
-                let mut word = [0u8; 8];
-                let live = mem::read_process(peer.pid, w.live.0, &mut word).is_ok()
-                    && u64::from_ne_bytes(word) == w.live.1;
-                if live { Ok(()) } else { Err(Unplaced::Stale) }
+        let peer = *peer;
+        let forced = self.forced_errno;
+        let map = self.mode == SingleCopy::Auto;
+        // The copy, then the liveness word: Ok(how it was copied, the word as read).
+        let copied = (|| {
+            if let Some(errno) = forced {
+                return Err(PlaceFault::Os(std::io::Error::from_raw_os_error(errno)));
             }
+            if let Some((m, sources)) = map.then(|| mapped_sources(arena, &peer, w)).flatten() {
+                // SAFETY: every source was found wholly inside the sender's arena mapping,
+                // which lives in `self.senders` for the whole call.
+                unsafe { mem.write_from_sources(pd, rkey, va, len, &sources) }.map_err(PlaceFault::Mem)?;
+                if let Some(word) = m.load_word(w.live.0) {
+                    return Ok((Copied::Mapped, Some(word)));
+                }
+                return Ok((Copied::Mapped, read_word(peer.pid, w.live.0)));
+            }
+            mem.write_from_process(pd, rkey, va, len, peer.pid, &w.sges)?;
+            Ok((Copied::Syscall, read_word(peer.pid, w.live.0)))
+        })();
+        match copied {
+            // The data was read before the word: if the word still holds the token, the request
+            // was outstanding (its buffer not yet handed back) for the whole copy.
+            Ok((how, word)) if word == Some(w.live.1) => Ok(how),
+            Ok(_) => Err(Unplaced::Stale),
             Err(PlaceFault::Mem(
                 MemFault::BadKey | MemFault::WrongPd | MemFault::Access | MemFault::Range,
             )) => Err(Unplaced::Access),
@@ -352,6 +417,60 @@ impl Placement {
             Err(PlaceFault::Os(_)) => Err(Unplaced::Fault),
         }
     }
+
+    /// Responder side: at most every few seconds (by `now`), forgets the senders whose port now
+    /// belongs to no process or to another one, unmapping their arenas (a mapping would keep a
+    /// departed process's buffer memory alive).
+    pub(crate) fn forget_departed<W: Wire + ?Sized>(&mut self, wire: &W, now: Instant) {
+        if self.senders.is_empty() || now.saturating_duration_since(self.checked) < DEPARTED_CHECK {
+            return;
+        }
+        self.checked = now;
+        self.senders.retain(|&src, s| match s {
+            Sender::Known(p, _) => {
+                wire.lookup_peer(src).is_some_and(|q| q.pid == p.pid && q.nonce == p.nonce)
+            }
+            Sender::Refused => true,
+        });
+    }
+
+    /// Responder side: how many senders' arenas are mapped.
+    pub(crate) fn mapped_arenas(&self) -> usize {
+        self.senders.values().filter(|s| matches!(s, Sender::Known(_, ArenaMap::Mapped(_)))).count()
+    }
+}
+
+/// The word at `addr` in process `pid`, read with `process_vm_readv`.
+fn read_word(pid: u32, addr: u64) -> Option<u64> {
+    let mut word = [0u8; 8];
+    mem::read_process(pid, addr, &mut word).ok().map(|()| u64::from_ne_bytes(word))
+}
+
+/// The sources of `w` in `peer`'s mapped arena (mapping it first if not tried yet), or `None`
+/// if any part lies outside it or there is no mapping.
+fn mapped_sources<'a>(
+    arena: &'a mut ArenaMap,
+    peer: &LocalPeer,
+    w: &PlacedWrite,
+) -> Option<(&'a PeerArena, Vec<(*const u8, u64)>)> {
+    if let ArenaMap::Untried = arena {
+        let info = peer.arena?;
+        // Only worth it if this request's sources are in the arena.
+        info.offset_of(w.sges.first()?.0, w.sges.first()?.1)?;
+        *arena = match PeerArena::open(peer.pid, info) {
+            Ok(m) => ArenaMap::Mapped(m),
+            Err(e) => {
+                eprintln!(
+                    "lnd: cannot map the buffer arena of pid {}: {e}; copies from it use process_vm_readv",
+                    peer.pid
+                );
+                ArenaMap::Unavailable
+            }
+        };
+    }
+    let ArenaMap::Mapped(m) = arena else { return None };
+    let sources = w.sges.iter().map(|&(a, l)| m.source(a, l).map(|p| (p, l))).collect::<Option<Vec<_>>>()?;
+    Some((m, sources))
 }
 
 #[cfg(test)]
@@ -412,6 +531,7 @@ mod tests {
             (Some("0"), SingleCopy::Off),
             (Some(" off "), SingleCopy::Off),
             (Some("false"), SingleCopy::Off),
+            (Some("syscall"), SingleCopy::Syscall),
         ] {
             assert_eq!(SingleCopy::from_setting(v), mode, "{v:?}");
         }

@@ -36,7 +36,7 @@ use std::time::Duration;
 use super::live::LiveWord;
 use super::mem::MrTable;
 use super::packet::{self, Aeth, Bth, Headers, NakCode, Opcode, Packet, Reth, Syndrome, psn_add, psn_diff};
-use super::place::{MAX_PLACED_SGES, PlacedWrite, Placement, Unplaced};
+use super::place::{Copied, MAX_PLACED_SGES, PlacedWrite, Placement, Unplaced};
 use super::wire::Wire;
 use crate::fabric::{
     Access, AsyncEvent, FabricError, FabricStats, QpCaps, QpModify, QpState, RecvWr, SendOp, SendWr, Sge, Wc,
@@ -787,7 +787,7 @@ impl RcQp {
         if bth.opcode.has_imm() && self.rq.is_empty() {
             return Err(Refusal::Rnr);
         }
-        place.place.place(place.wire, src, &w, mem, self.pd, reth.rkey, reth.va, len).map_err(
+        let copied = place.place.place(place.wire, src, &w, mem, self.pd, reth.rkey, reth.va, len).map_err(
             |e| match e {
                 Unplaced::Refused => Refusal::Unplaceable,
                 Unplaced::Access => Refusal::Nak(NakCode::RemoteAccessError),
@@ -797,6 +797,7 @@ impl RcQp {
         )?;
         stats.placed_writes += 1;
         stats.placed_bytes += len;
+        stats.placed_mapped += u64::from(copied == Copied::Mapped);
         if bth.opcode.has_imm() {
             self.complete_recv(
                 WcStatus::Success,

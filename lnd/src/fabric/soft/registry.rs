@@ -13,7 +13,11 @@
 //! boot 0b6a...-...
 //! start 123456
 //! nonce 9f3c2a1b00000000
+//! arena 5 7f3a00000000 400000000
 //! ```
+//!
+//! The last line is there when the process has a buffer arena ([`lnet_shim::arena`]): its fd,
+//! address and length, in hex after the fd, for peers that map it ([`super::peer_arena`]).
 //!
 //! An entry is believed only if its boot id is this boot's
 //! (`/proc/sys/kernel/random/boot_id`) and the process with that pid has that start time
@@ -25,6 +29,8 @@ use std::io::{self, Write};
 use std::net::Ipv4Addr;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use lnet_shim::arena::ArenaInfo;
 
 use super::place::LocalPeer;
 
@@ -87,14 +93,18 @@ pub(crate) fn publish(ip: Ipv4Addr, port: u16, nonce: u64) -> io::Result<Entry> 
     sweep(&dir);
     let pid = std::process::id();
     let start = start_time("self").ok_or_else(|| io::Error::other("no start time in /proc/self/stat"))?;
-    let text = format!("{MAGIC}\npid {pid}\nboot {}\nstart {start}\nnonce {nonce:016x}\n", boot_id()?);
+    let mut text = format!("{MAGIC}\npid {pid}\nboot {}\nstart {start}\nnonce {nonce:016x}\n", boot_id()?);
+    let arena = lnet_shim::arena::arena().map(|a| a.info());
+    if let Some(a) = arena {
+        text.push_str(&format!("arena {} {:x} {:x}\n", a.fd, a.base, a.len));
+    }
     let path = dir.join(name(ip, port));
     let tmp = dir.join(format!(".{}.{pid}.tmp", name(ip, port)));
     let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
     f.write_all(text.as_bytes())?;
     drop(f);
     fs::rename(&tmp, &path)?;
-    Ok(Entry { path, me: LocalPeer { pid, nonce } })
+    Ok(Entry { path, me: LocalPeer { pid, nonce, arena } })
 }
 
 /// Whether the entry file `path` names a process that is gone: another boot, no such pid, or
@@ -155,7 +165,15 @@ fn parse(text: &str, boot: &str, start_of: impl Fn(&str) -> Option<u64>) -> Opti
     if pid_n == 0 || entry_boot != boot || start_of(&pid)? != start {
         return None;
     }
-    Some(LocalPeer { pid: pid_n, nonce })
+    // Optional; a malformed arena line only means no arena.
+    let arena = field("arena").and_then(|a| {
+        let mut w = a.split(' ');
+        let fd = w.next()?.parse().ok().filter(|&fd: &i32| fd >= 0)?;
+        let base = u64::from_str_radix(w.next()?, 16).ok()?;
+        let len = u64::from_str_radix(w.next()?, 16).ok()?;
+        w.next().is_none().then_some(ArenaInfo { fd, base, len })
+    });
+    Some(LocalPeer { pid: pid_n, nonce, arena })
 }
 
 #[cfg(test)]
@@ -166,7 +184,18 @@ mod tests {
     fn entries_of_other_boots_dead_or_reused_pids_are_ignored() {
         let text = "lnd-soft-registry 1\npid 42\nboot b1\nstart 7\nnonce 00000000000000ff\n";
         let alive = |pid: &str| (pid == "42").then_some(7);
-        assert_eq!(parse(text, "b1", alive), Some(LocalPeer { pid: 42, nonce: 0xff }));
+        assert_eq!(parse(text, "b1", alive), Some(LocalPeer { pid: 42, nonce: 0xff, arena: None }));
+        let with = format!("{text}arena 5 7f0000001000 400000000\n");
+        let arena = Some(ArenaInfo { fd: 5, base: 0x7f00_0000_1000, len: 0x4_0000_0000 });
+        assert_eq!(parse(&with, "b1", alive), Some(LocalPeer { pid: 42, nonce: 0xff, arena }));
+        for bad in ["arena -1 1000 1000", "arena 5 zz 1000", "arena 5 1000", "arena 5 1000 1000 1"] {
+            let t = format!("{text}{bad}\n");
+            assert_eq!(
+                parse(&t, "b1", alive),
+                Some(LocalPeer { pid: 42, nonce: 0xff, arena: None }),
+                "{bad}"
+            );
+        }
         assert_eq!(parse(text, "b2", alive), None, "another boot");
         assert_eq!(parse(text, "b1", |_| None), None, "dead");
         assert_eq!(parse(text, "b1", |_| Some(8)), None, "pid reused");
@@ -181,7 +210,8 @@ mod tests {
         // Port 1 on an address no test binds: this test's own entry.
         let ip = Ipv4Addr::new(127, 77, 0, 1);
         let entry = publish(ip, 1, 0x1234).unwrap();
-        assert_eq!(lookup(ip, 1), Some(LocalPeer { pid: std::process::id(), nonce: 0x1234 }));
+        let arena = lnet_shim::arena::arena().map(|a| a.info());
+        assert_eq!(lookup(ip, 1), Some(LocalPeer { pid: std::process::id(), nonce: 0x1234, arena }));
         let m = fs::metadata(&entry.path).unwrap();
         assert_eq!(m.mode() & 0o777, 0o600);
         drop(entry);

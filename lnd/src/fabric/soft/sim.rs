@@ -185,7 +185,11 @@ impl Wire for SimPort {
 
 /// Every simulated port lives in this process; its nonce is derived from its address.
 fn sim_peer(ip: Ipv4Addr) -> LocalPeer {
-    LocalPeer { pid: std::process::id(), nonce: 0x51_0000_0000 | u64::from(u32::from(ip)) }
+    LocalPeer {
+        pid: std::process::id(),
+        nonce: 0x51_0000_0000 | u64::from(u32::from(ip)),
+        arena: lnet_shim::arena::arena().map(|a| a.info()),
+    }
 }
 
 #[cfg(test)]

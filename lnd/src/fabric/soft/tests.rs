@@ -43,8 +43,9 @@ fn config(seed: u64) -> SoftConfig {
     SoftConfig { seed, ..SoftConfig::default() }
 }
 
-/// Both paths of RDMA WRITE between ports of one host: single copy, and the wire.
-const PATHS: [SingleCopy; 2] = [SingleCopy::Auto, SingleCopy::Off];
+/// The paths of RDMA WRITE between ports of one host: single copy from the mapped buffer arena,
+/// single copy by `process_vm_readv`, and the wire.
+const PATHS: [SingleCopy; 3] = [SingleCopy::Auto, SingleCopy::Syscall, SingleCopy::Off];
 
 fn on_path(seed: u64, path: SingleCopy) -> SoftConfig {
     SoftConfig { single_copy: path, ..config(seed) }
@@ -54,10 +55,19 @@ fn on_path(seed: u64, path: SingleCopy) -> SoftConfig {
 fn assert_path(a: &SoftDevice, b: &SoftDevice, path: SingleCopy, s: u64) {
     let (sa, sb) = (a.stats(), b.stats());
     match path {
-        SingleCopy::Auto => assert!(
-            sa.placed_sent > 0 && sb.placed_writes > 0 && sb.placed_bytes > 0 && sb.placed_refused == 0,
-            "seed {s}: single copy not taken: {sa:?} {sb:?}"
-        ),
+        SingleCopy::Auto | SingleCopy::Syscall => {
+            assert!(
+                sa.placed_sent > 0 && sb.placed_writes > 0 && sb.placed_bytes > 0 && sb.placed_refused == 0,
+                "seed {s}: single copy not taken: {sa:?} {sb:?}"
+            );
+            // Every test buffer is in the arena: each copy is from the mapping, or none is.
+            let mapped = if path == SingleCopy::Auto && lnet_shim::arena::arena().is_some() {
+                sb.placed_writes
+            } else {
+                0
+            };
+            assert_eq!(sb.placed_mapped, mapped, "seed {s} {path:?}: {sb:?}");
+        }
         SingleCopy::Off => assert!(
             sa.placed_sent == 0 && sb.placed_writes == 0 && sb.placed_bytes == 0,
             "seed {s}: placed on the wire path: {sa:?} {sb:?}"
@@ -238,7 +248,7 @@ fn writes_and_sends_arrive_in_order_exactly_once_on_a_clean_wire() {
         // Idle costs nothing: once all is acknowledged, no device asks to be polled again.
         let idle = |_: Instant| a.dev.next_deadline().is_none() && b.dev.next_deadline().is_none();
         assert!(run_until(&[&a.dev, &b.dev], &mut now, 1000, idle), "seed {s} {path:?}: never idle");
-        if path == SingleCopy::Auto {
+        if path != SingleCopy::Off {
             // 6 of 7 sizes are placed; the 0-byte WRITEs go by the wire.
             let placed = (0..200u64).filter(|m| m % 7 != 0).count() as u64;
             assert_eq!(b.dev.stats().placed_writes, placed, "seed {s}");
@@ -289,7 +299,7 @@ fn corrupted_frames_are_dropped_by_the_icrc_and_recovered() {
         connect(&a, &b, RC);
         let mut now = Instant::ZERO;
         // More messages on the single-copy path: it sends far fewer frames to corrupt.
-        let n = if path == SingleCopy::Auto { 400 } else { 100 };
+        let n = if path == SingleCopy::Off { 100 } else { 400 };
         write_then_send(&a, &b, n, &[4096, 30000], 4, &mut now, s);
         let bad = a.dev.stats().bad_icrc
             + b.dev.stats().bad_icrc
@@ -439,7 +449,7 @@ fn access_error_on(s: u64, path: SingleCopy, b_access: Access, wr: impl Fn(u64, 
     assert_eq!(b.dev.poll_async_event(), Some(AsyncEvent::QpFatal { qp_num: b.qp.qp_num() }));
     assert_eq!(b.dev.stats().access_errors, 1);
     let placed = a.dev.stats().placed_sent;
-    assert_eq!(placed, u64::from(path == SingleCopy::Auto), "seed {s} {path:?}");
+    assert_eq!(placed, u64::from(path != SingleCopy::Off), "seed {s} {path:?}");
     assert_eq!(b.dev.stats().placed_writes, 0);
 }
 
@@ -556,7 +566,7 @@ fn scatter_gather_imm_and_small_mtu_on(path: SingleCopy) {
     let tx = a.dev.stats().tx_packets;
     assert!(if path == SingleCopy::Off { tx >= 25 } else { (14..25).contains(&tx) }, "{path:?}: {tx}");
     // The inline WRITE is never placed.
-    assert_eq!(b.dev.stats().placed_writes, u64::from(path == SingleCopy::Auto));
+    assert_eq!(b.dev.stats().placed_writes, u64::from(path != SingleCopy::Off));
     assert_path(&a.dev, &b.dev, path, s);
 }
 
@@ -1033,7 +1043,7 @@ fn a_late_responder_never_delivers_a_reused_buffer() {
         poll_all(&b.cq, &mut got);
         let st = b.dev.stats();
         match path {
-            SingleCopy::Auto => {
+            SingleCopy::Auto | SingleCopy::Syscall => {
                 assert!(got.is_empty(), "seed {s}: a stale placement completed: {got:?}");
                 assert_eq!((st.placed_stale, st.placed_writes), (1, 0), "seed {s}: {st:?}");
             }
@@ -1044,4 +1054,31 @@ fn a_late_responder_never_delivers_a_reused_buffer() {
             }
         }
     }
+}
+
+#[test]
+fn a_senders_arena_is_unmapped_once_its_port_is_gone() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, config(s), 1 << 18);
+    let b = node(&net, 2, config(s + 1), 1 << 18);
+    connect(&a, &b, RC);
+    let mut now = Instant::ZERO;
+    write_then_send(&a, &b, 10, &[4096, 65536], 4, &mut now, s);
+    let mapped = usize::from(lnet_shim::arena::arena().is_some());
+    assert_eq!(b.dev.mapped_arenas(), mapped, "seed {s}");
+    assert_eq!(b.dev.stats().placed_mapped, b.dev.stats().placed_writes * mapped as u64);
+    // The sender is still there: a later check keeps the mapping.
+    now += Duration::from_secs(6);
+    b.dev.progress(now).unwrap();
+    assert_eq!(b.dev.mapped_arenas(), mapped, "seed {s}: a live sender's mapping was dropped");
+    // Its port goes away: within the check interval of device activity, so does the mapping.
+    net.detach(ip(1));
+    now += Duration::from_secs(1);
+    b.dev.progress(now).unwrap();
+    assert_eq!(b.dev.mapped_arenas(), mapped, "checked at most every 5 s");
+    now += Duration::from_secs(5);
+    b.dev.progress(now).unwrap();
+    assert_eq!(b.dev.mapped_arenas(), 0, "seed {s}: a departed sender's arena stays mapped");
+    drop(a);
 }
