@@ -23,6 +23,7 @@ fn two_processes_move_256_mib_of_rdma_writes_each_named_by_a_send() {
     assert!(i.stdout.contains("MiB/s"), "{i:?}");
     // Same host: placed with one copy unless LND_SOFT_SINGLE_COPY=0 (or the kernel refuses).
     lnd_tests::assert_write_path(&t.stdout);
+    lnd_tests::assert_mapped_copies(&t.stdout);
     lnd_tests::assert_write_path(&i.stdout);
     println!("{}", i.stdout.trim());
 }

@@ -69,6 +69,8 @@ fn two_processes_move_1_gib_by_get_verified() {
     assert!(s.success && c.success, "server {s:?}\nclient {c:?}");
     assert!(s.stdout.contains("and 1024 GETs"), "{s:?}");
     lnd_tests::assert_write_path(&c.stdout);
+    // The server's RDMA WRITEs land in the client: it copied them from the server's arena.
+    lnd_tests::assert_mapped_copies(&c.stdout);
     println!("{}", c.stdout.trim());
 }
 

@@ -213,6 +213,27 @@ pub fn assert_write_path(output: &str) {
     }
 }
 
+/// Asserts that a process that received same-host WRITEs (the responder) copied them from its
+/// peer's mapped buffer arena (`mapped N` in its output), unless this environment turned that
+/// off (`LND_SOFT_SINGLE_COPY=syscall` or `LNET_BUFFER_ARENA=0`), or placement is not taken.
+///
+/// # Panics
+/// When the copies did not take the expected way.
+pub fn assert_mapped_copies(output: &str) {
+    use lnd::fabric::soft::SingleCopy;
+    let mapped = counter(output, "mapped").unwrap_or_else(|| panic!("no mapped counter in {output:?}"));
+    let arena_off =
+        matches!(std::env::var("LNET_BUFFER_ARENA").as_deref().map(str::trim), Ok("0" | "off" | "false"));
+    let want_mapped = expected_write_path() == WritePath::SingleCopy
+        && SingleCopy::from_env() == SingleCopy::Auto
+        && !arena_off;
+    if want_mapped {
+        assert!(mapped > 0, "no copy from a mapped arena: {output}");
+    } else {
+        assert_eq!(mapped, 0, "copies from a mapped arena in this environment: {output}");
+    }
+}
+
 /// The same-host registry files (entries `<ip>-<port>` and rings `ring-<ip>-<port>-to-<ip>`)
 /// that processes on UDP port `port` left behind; empty after clean exits.
 pub fn same_host_leftovers(port: u16) -> Vec<String> {

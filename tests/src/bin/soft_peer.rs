@@ -281,10 +281,11 @@ fn target(a: &Args) -> Result<(), String> {
     while peer.turn()? < end {}
     let st = peer.dev.stats();
     println!(
-        "target: verified {verified} messages, {} bytes (single copy: placed {} writes, {} bytes, refused {}, ring frames {})",
+        "target: verified {verified} messages, {} bytes (single copy: placed {} writes, {} bytes, mapped {}, refused {}, ring frames {})",
         verified * a.size as u64,
         st.placed_writes,
         st.placed_bytes,
+        st.placed_mapped,
         st.placed_refused,
         st.ring_frames_sent + st.ring_frames_received
     );

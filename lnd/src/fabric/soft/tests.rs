@@ -1060,8 +1060,8 @@ fn a_late_responder_never_delivers_a_reused_buffer() {
 fn a_senders_arena_is_unmapped_once_its_port_is_gone() {
     let s = seed();
     let net = SimNet::new(s, Duration::from_micros(5));
-    let a = node(&net, 1, config(s), 1 << 18);
-    let b = node(&net, 2, config(s + 1), 1 << 18);
+    let a = node(&net, 1, on_path(s, SingleCopy::Auto), 1 << 18);
+    let b = node(&net, 2, on_path(s + 1, SingleCopy::Auto), 1 << 18);
     connect(&a, &b, RC);
     let mut now = Instant::ZERO;
     write_then_send(&a, &b, 10, &[4096, 65536], 4, &mut now, s);
