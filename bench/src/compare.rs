@@ -19,7 +19,7 @@ use std::time::Duration;
 use crate::cpu;
 use crate::local::{Case, LocalArgs, measure_matrix};
 use crate::node::Fabric;
-use crate::proto::Op;
+use crate::proto::{Check, Op};
 use crate::report::{self, Row};
 
 /// Options of `lnd-bench compare`.
@@ -43,6 +43,11 @@ pub struct CompareArgs {
     /// The concurrency whose brw figures are set against the peers.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
+    /// How our brw stamps and checks its data. Default `none`, like the peers, which never
+    /// touch the bytes they move (and like lnet_selftest's default); `full` stamps and verifies
+    /// every byte on both sides.
+    #[arg(long, value_enum, default_value_t = Check::None)]
+    pub check: Check,
 }
 
 /// A started background process, killed when dropped.
@@ -267,8 +272,10 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         concurrency: args.concurrency,
         server: "127.0.0.1@o2ib".parse().map_err(|e| format!("{e}"))?,
         client: "127.0.0.2@o2ib".parse().map_err(|e| format!("{e}"))?,
+        check: args.check,
         json: false,
     };
+    println!("ours: brw check={} (--check), pings verified", format!("{:?}", args.check).to_lowercase());
     let (rows, ok) = measure_matrix(&local, &our_cases(args))?;
     print!("{}", report::table(&rows));
     if !ok {
