@@ -61,6 +61,28 @@ fn brw_write_and_read_with_full_checking() {
     assert_eq!(lnd_tests::same_host_leftovers(port), Vec::<String>::new());
 }
 
+/// `check=none` brw RPCs are served in the LND's event callbacks on both sides (no data to
+/// check): every RPC must still be answered, counted, and leave nothing behind.
+#[test]
+fn brw_without_checking_is_served_in_the_callbacks() {
+    let port = unique_port(3);
+    let s = server(port);
+    for op in ["write", "read"] {
+        let c = client(
+            port,
+            &["brw", "--op", op, "--size", "1M", "--concurrency", "8", "--count", "400", "--check", "none"],
+        );
+        assert!(c.success, "brw {op}: {c:?}");
+        let row = data_row(&c.stdout, &format!("brw {op}"));
+        assert_eq!((row[2].as_str(), row[11].as_str()), ("1M", "0"), "no errors: {row:?}");
+    }
+    let o = stop(s);
+    assert!(o.success, "server exits cleanly on SIGTERM: {o:?}");
+    // 800 brw RPCs and the clients' STATS requests (two per run).
+    assert!(o.stderr.contains("lnd-bench server: 804 RPCs, 0 errors, 0 corrupt"), "{o:?}");
+    assert_eq!(lnd_tests::same_host_leftovers(port), Vec::<String>::new());
+}
+
 #[test]
 fn a_killed_server_makes_the_client_fail_with_a_clear_error() {
     let port = unique_port(1);

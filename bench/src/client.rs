@@ -175,6 +175,9 @@ struct Shared {
     run: Mutex<Run>,
     inbox: Mutex<VecDeque<Event>>,
     wake: Condvar,
+    /// The run's thread waits on `wake` (set and read under the inbox lock): events are
+    /// notified only then, since every notify is a system call.
+    waiting: AtomicBool,
     finished: AtomicBool,
 }
 
@@ -213,19 +216,24 @@ impl Shared {
 ///
 /// Pings are driven from the event callback, on the LND's scheduler thread: the reply's event
 /// records the round trip and sends the next ping there and then, with no hop through this
-/// thread (a ping's latency is the LND's, not the OS scheduler's). brw RPCs are handled here,
-/// so that checking the data does not hold up the LND.
+/// thread (a ping's latency is the LND's, not the OS scheduler's). So are brw RPCs with
+/// `check=none`, which have no data to stamp or check. Other brw RPCs are handled here, so
+/// that checking the data does not hold up the LND.
 pub fn run(node: &Node, spec: &RunSpec) -> RunResult {
     let clock = Clock::new();
-    let inline = spec.op == Op::Ping;
+    let inline = spec.op == Op::Ping || spec.check == Check::None;
     let shared: Arc<Shared> = Arc::new_cyclic(|me: &Weak<Shared>| {
         let me = me.clone();
         let sink = EventSink::callback(move |ev: &Event| {
             let Some(shared) = me.upgrade() else { return };
-            shared.inbox.lock().unwrap_or_else(PoisonError::into_inner).push_back(*ev);
+            let waiting = {
+                let mut inbox = shared.inbox.lock().unwrap_or_else(PoisonError::into_inner);
+                inbox.push_back(*ev);
+                shared.waiting.load(Ordering::Relaxed)
+            };
             if inline {
                 shared.drain();
-            } else {
+            } else if waiting {
                 shared.wake.notify_one();
             }
         });
@@ -233,6 +241,7 @@ pub fn run(node: &Node, spec: &RunSpec) -> RunResult {
             run: Mutex::new(new_run(node, spec, sink, clock)),
             inbox: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
+            waiting: AtomicBool::new(false),
             finished: AtomicBool::new(false),
         }
     });
@@ -253,12 +262,14 @@ pub fn run(node: &Node, spec: &RunSpec) -> RunResult {
     loop {
         {
             let inbox = shared.inbox.lock().unwrap_or_else(PoisonError::into_inner);
-            let _ = shared
+            shared.waiting.store(true, Ordering::Relaxed);
+            let (_inbox, _) = shared
                 .wake
                 .wait_timeout_while(inbox, Duration::from_millis(50), |q| {
                     q.is_empty() && !shared.finished.load(Ordering::SeqCst)
                 })
                 .unwrap_or_else(PoisonError::into_inner);
+            shared.waiting.store(false, Ordering::Relaxed);
         }
         shared.drain();
         let now = clock.now();

@@ -9,13 +9,15 @@
 //! Pings take a shorter road: the request buffers' events go to a callback, which runs on the
 //! LND's scheduler thread as the request arrives and answers a ping there and then (as kernel
 //! lnet_selftest answers in its event handler), so a ping costs no hop to this thread and back.
+//! So do brw RPCs with `check=none` (no data to stamp or check): the callback starts the bulk
+//! transfer, and the transfer's own callback sends the reply.
 //! The callback also reposts the buffer and counts (atomics), so a ping never wakes this
 //! thread; every other request is forwarded here and handled as before. The callback must not ask the
 //! LND anything synchronously (stats), because the LND's thread is the one running it.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lnet_shim::buffer::Buffer;
@@ -247,11 +249,78 @@ impl Server<'_> {
     }
 }
 
-/// Counters of the pings answered in the event callback (on the LND thread).
+/// What the event callbacks (on the LND thread) share: counters of the RPCs they answered,
+/// and the bulk buffers of `check=none` brw RPCs, pooled by size (registered once).
 #[derive(Debug, Default)]
 struct Fast {
     rpcs: AtomicU64,
     errors: AtomicU64,
+    pool: Mutex<HashMap<usize, Vec<Arc<Buffer>>>>,
+}
+
+impl Fast {
+    fn take(&self, size: usize) -> Arc<Buffer> {
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.get_mut(&size).and_then(Vec::pop).unwrap_or_else(|| Arc::new(Buffer::new(size)))
+    }
+
+    fn give(&self, buf: Arc<Buffer>) {
+        self.pool.lock().unwrap_or_else(PoisonError::into_inner).entry(buf.len()).or_default().push(buf);
+    }
+
+    fn count(&self, ok: bool) {
+        let counter = if ok { &self.rpcs } else { &self.errors };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The SEND event sink of a reply sent from a callback: failures are counted.
+fn counting_sink(fast: &Arc<Fast>) -> EventSink {
+    let fast = fast.clone();
+    EventSink::callback(move |ev: &Event| {
+        if let Err(e) = ev.status {
+            eprintln!("lnd-bench server: reply to {} failed: {e}", ev.target);
+            fast.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    })
+}
+
+/// Serves a brw RPC with `check=none` in the request's callback, on the LND thread: there is
+/// no data to stamp or check, so nothing to keep off that thread. The bulk transfer's last
+/// event (the REPLY of a write's GET, the SEND of a read's PUT, or the first error) sends the
+/// reply, once.
+fn fast_brw(lnet: &Lnet, fast: &Arc<Fast>, client: ProcessId, req: Request) {
+    let buf = fast.take(req.size as usize);
+    let write = req.op == Op::BrwWrite;
+    let done_kind = if write { EventKind::Reply } else { EventKind::Send };
+    let sink = {
+        let (lnet, fast, buf, answered) = (lnet.clone(), fast.clone(), buf.clone(), AtomicBool::new(false));
+        EventSink::callback(move |ev: &Event| {
+            if (ev.status.is_ok() && ev.kind != done_kind) || answered.swap(true, Ordering::Relaxed) {
+                return;
+            }
+            let status = ev.status.map_or_else(|e| e.as_i32(), |()| 0);
+            fast.give(buf.clone());
+            let sent = send_reply(&lnet, counting_sink(&fast), 0, client, req.rpc, status, &[]);
+            fast.count(status == 0 && sent.is_ok());
+        })
+    };
+    let md = Md::contiguous(buf.clone())
+        .with_threshold(Threshold::Count(if write { 2 } else { 1 }))
+        .with_user_ptr(tag(KIND_BULK, 0))
+        .with_events(sink);
+    let started = lnet.md_bind(md, Unlink::Auto).and_then(|h| {
+        if write {
+            lnet.get(h, client, BULK_PORTAL, req.bulk_bits, 0)
+        } else {
+            lnet.put(h, AckReq::NoAck, client, BULK_PORTAL, req.bulk_bits, 0, 0)
+        }
+    });
+    if started.is_err() {
+        fast.give(buf);
+        fast.count(false);
+        let _ = send_reply(lnet, counting_sink(fast), 0, client, req.rpc, -5, &[]);
+    }
 }
 
 /// Posts request buffer `i`. Its events go to a callback on the LND thread: a ping is answered
@@ -269,22 +338,20 @@ fn post_request(
             if ev.kind == EventKind::Put && ev.status.is_ok() {
                 let len = (ev.mlength as usize).min(REQUEST_BUF);
                 let bytes = buf.to_vec(0, len).unwrap_or_default();
-                if let Some(req) = Request::decode(&bytes).filter(|r| r.op == Op::Ping) {
+                let req = Request::decode(&bytes);
+                if let Some(req) = req.filter(|r| r.op == Op::Ping) {
                     let payload = bytes.get(HDR..).unwrap_or_default();
-                    let errors = fast.clone();
-                    let on_sent = EventSink::callback(move |ev: &Event| {
-                        if let Err(e) = ev.status {
-                            eprintln!("lnd-bench server: reply to {} failed: {e}", ev.target);
-                            errors.errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                    });
-                    let counter = match send_reply(&lnet, on_sent, 0, ev.initiator, req.rpc, 0, payload) {
-                        Ok(_) => &fast.rpcs,
-                        Err(()) => &fast.errors,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
+                    let sent = send_reply(&lnet, counting_sink(&fast), 0, ev.initiator, req.rpc, 0, payload);
+                    fast.count(sent.is_ok());
                     // Fails only when LNet is shutting down: then nothing is served anyway.
                     let _ = post_request(&lnet, &eq, &fast, buf.clone(), i);
+                    return;
+                }
+                let quick =
+                    |r: &Request| matches!(r.op, Op::BrwWrite | Op::BrwRead) && r.check == Check::None;
+                if let Some(req) = req.filter(quick) {
+                    let _ = post_request(&lnet, &eq, &fast, buf.clone(), i);
+                    fast_brw(&lnet, &fast, ev.initiator, req);
                     return;
                 }
             }

@@ -245,6 +245,13 @@ impl Arena {
         // it again.
         let mut free = self.free();
         let punch = match free.give(off, len) {
+            // Back into the top, which must read as zero: small blocks are cleared by hand
+            // (a block allocated and freed at the top over and over costs no system call).
+            (moff, mlen, true) if mlen < PUNCH_MIN => {
+                // SAFETY: the merged block is inside the mapping, free, and we hold the lock.
+                unsafe { std::ptr::write_bytes(self.base.as_ptr().add(moff), 0, mlen) };
+                None
+            }
             (moff, mlen, true) => Some((moff, mlen)),
             _ if len >= PUNCH_MIN => Some((off, len)),
             _ => None,

@@ -208,6 +208,9 @@ struct Ring {
     capacity: usize,
     dropped_total: u64,
     dropped_unreported: u64,
+    /// Threads blocked in [`EventQueue::wait`]: a push notifies the condvar only if there are
+    /// some (with std's futex condvar every notify is a system call, waiters or not).
+    waiters: usize,
 }
 
 #[derive(Debug)]
@@ -235,6 +238,7 @@ impl EventQueue {
                     capacity,
                     dropped_total: 0,
                     dropped_unreported: 0,
+                    waiters: 0,
                 }),
                 ready: Condvar::new(),
             }),
@@ -250,7 +254,7 @@ impl EventQueue {
     /// Adds an event, dropping the oldest unread one if the queue is full, and wakes one
     /// waiter.
     pub fn push(&self, event: Event) {
-        {
+        let wake = {
             let mut ring = self.lock();
             if ring.events.len() >= ring.capacity {
                 ring.events.pop_front();
@@ -258,8 +262,11 @@ impl EventQueue {
                 ring.dropped_unreported += 1;
             }
             ring.events.push_back(event);
+            ring.waiters > 0
+        };
+        if wake {
+            self.shared.ready.notify_one();
         }
-        self.shared.ready.notify_one();
     }
 
     /// The oldest unread event, if any, without blocking (`LNetEQGet`).
@@ -270,12 +277,18 @@ impl EventQueue {
     /// The oldest unread event, waiting up to `timeout` for one (`LNetEQPoll` with a timeout).
     /// Returns `None` once `timeout` has passed with the queue still empty.
     pub fn wait(&self, timeout: Duration) -> Option<Event> {
-        let ring = self.lock();
+        let mut ring = self.lock();
+        if let Some(ev) = ring.events.pop_front() {
+            return Some(ev);
+        }
+        // Counted under the lock, so a push either sees this waiter or came before the check.
+        ring.waiters += 1;
         let (mut ring, _) = self
             .shared
             .ready
             .wait_timeout_while(ring, timeout, |r| r.events.is_empty())
             .unwrap_or_else(PoisonError::into_inner);
+        ring.waiters -= 1;
         ring.events.pop_front()
     }
 
@@ -426,7 +439,9 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::disallowed_methods)] // a missed notify would only show as a 30 s wait
     fn wait_wakes_when_another_thread_delivers() {
+        let start = std::time::Instant::now();
         let q = EventQueue::new(4);
         let sink = EventSink::from(q.clone());
         let barrier = Arc::new(Barrier::new(2));
@@ -448,6 +463,9 @@ mod tests {
         }
         producer.join().unwrap();
         assert_eq!(got, [0, 1, 2]);
+        // A push notifies only counted waiters: had it missed this one, a wait would have run
+        // out its 30 s.
+        assert!(start.elapsed() < Duration::from_secs(25), "a push did not wake the waiter");
     }
 
     #[test]

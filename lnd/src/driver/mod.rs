@@ -142,6 +142,10 @@ enum Cmd {
 struct Shared {
     queue: SegQueue<Cmd>,
     waker: Arc<Waker>,
+    /// The scheduler may be blocked in its poller: only then does a command need the waker (an
+    /// eventfd write, and an epoll round to clear it). Set before the scheduler's last look at
+    /// the queue; read after the command is queued (both `SeqCst`: one of them sees the other).
+    sleeping: AtomicBool,
     upcalls: Arc<dyn LndUpcalls>,
 }
 
@@ -157,8 +161,9 @@ impl SchedulerHandle {
     fn push(&self, cmd: Cmd) {
         self.shared.queue.push(cmd);
         // From the scheduler itself (an event callback sending a reply), the loop sees the
-        // queue before it sleeps: no eventfd write, no extra epoll round.
-        if std::thread::current().id() != self.id {
+        // queue before it sleeps: no eventfd write, no extra epoll round. Nor while it spins.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if std::thread::current().id() != self.id && self.shared.sleeping.load(Ordering::SeqCst) {
             let _ = self.shared.waker.wake();
         }
     }
@@ -249,7 +254,12 @@ impl Driver {
         }
         let mut driver = Driver { nid, stopping: AtomicBool::new(false), schedulers: Vec::new(), soft: None };
         for (i, ((engine, poll), waker)) in engines.into_iter().zip(polls).zip(wakers).enumerate() {
-            let shared = Arc::new(Shared { queue: SegQueue::new(), waker, upcalls: upcalls.clone() });
+            let shared = Arc::new(Shared {
+                queue: SegQueue::new(),
+                waker,
+                upcalls: upcalls.clone(),
+                sleeping: AtomicBool::new(false),
+            });
             let s2 = shared.clone();
             let name = if n == 1 {
                 format!("o2iblnd-{}", nid.addr())
@@ -474,10 +484,18 @@ impl<D: Device> Scheduler<D> {
             }
             // Before sleeping, the device makes its same-host peers ring instead of just
             // writing to shared memory; if something arrived meanwhile, do not sleep.
-            let asleep = !timeout.is_zero() && self.engine.device().prepare_to_sleep();
+            let prepared = !timeout.is_zero() && self.engine.device().prepare_to_sleep();
+            // Applications wake this thread from now on; a command queued before that is
+            // seen here (the Dekker pair of `SchedulerHandle::push`).
+            let asleep = prepared && {
+                self.shared.sleeping.store(true, Ordering::SeqCst);
+                std::sync::atomic::fence(Ordering::SeqCst);
+                self.shared.queue.is_empty()
+            };
             let timeout = if asleep { timeout } else { Duration::ZERO };
             let polled = self.poll.poll(&mut events, Some(timeout));
-            if asleep {
+            self.shared.sleeping.store(false, Ordering::Relaxed);
+            if prepared {
                 self.engine.device().awake();
             }
             if let Err(e) = polled {
