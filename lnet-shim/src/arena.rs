@@ -330,6 +330,51 @@ mod tests {
         assert!(a.alloc(usize::MAX).is_none());
     }
 
+    /// Threads allocating, filling, checking and freeing blocks of mixed sizes at once: no
+    /// block is ever handed to two owners, and every block starts zeroed.
+    #[test]
+    fn threads_never_share_a_block() {
+        let a = std::sync::Arc::new(Arena::new(4096 * ARENA_PAGE).unwrap());
+        let workers: Vec<_> = (0..4u8)
+            .map(|t| {
+                let a = a.clone();
+                std::thread::spawn(move || {
+                    let mut held: Vec<(NonNull<u8>, usize)> = Vec::new();
+                    let mut x = u64::from(t) + 1;
+                    for i in 0..2000usize {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let len = [100, ARENA_PAGE, 3 * ARENA_PAGE, PUNCH_MIN][(x % 4) as usize];
+                        if let Some(p) = a.alloc(len) {
+                            // SAFETY: a live block of `len` bytes, ours alone.
+                            let b = unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), len) };
+                            assert!(b.iter().all(|&v| v == 0), "thread {t}: a block came back dirty");
+                            b.fill(t + 1);
+                            held.push((p, len));
+                        }
+                        if held.len() > 8 || (i % 3 == 0 && !held.is_empty()) {
+                            let (p, len) = held.swap_remove((x as usize / 7) % held.len());
+                            // SAFETY: a live block of `len` bytes, ours alone, freed once.
+                            let b = unsafe { std::slice::from_raw_parts(p.as_ptr(), len) };
+                            assert!(b.iter().all(|&v| v == t + 1), "thread {t}: another owner wrote");
+                            // SAFETY: as above.
+                            unsafe { a.dealloc(p, len) };
+                        }
+                    }
+                    for (p, len) in held {
+                        // SAFETY: live blocks, freed once.
+                        unsafe { a.dealloc(p, len) };
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(a.in_use(), 0);
+    }
+
     #[test]
     fn the_file_is_sealed_to_its_length() {
         let a = Arena::new(16 * ARENA_PAGE).unwrap();
