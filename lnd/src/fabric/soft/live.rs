@@ -8,9 +8,9 @@
 //! copy the buffer's new contents. So every placed work request owns a liveness word in the
 //! requester's memory holding a token while the request is outstanding, and the request
 //! carries the word's address and the token. The responder copies the data and *then* reads
-//! the word (again with `process_vm_readv`): if it still holds the token, the request was
-//! outstanding the whole time the data was read, so the buffer had not been handed back to
-//! the application and the copy is the snapshot a wire WRITE would have carried. Otherwise
+//! the word (a load from the requester's mapped arena, or `process_vm_readv`): if it still
+//! holds the token, the request was outstanding the whole time the data was read, so the
+//! buffer had not been handed back to the application and the copy is the snapshot a wire WRITE would have carried. Otherwise
 //! the request is dropped as if its packets had been lost: no ACK, no completion, the
 //! expected PSN unmoved (the requester's QP is in error by then and sends nothing more), and
 //! whatever reached the target range is undefined, as after any failed RDMA WRITE.

@@ -19,12 +19,14 @@
 //! * the **same-host single-copy path** ([`place`]): an RDMA WRITE to a port on the same host
 //!   (loopback addresses; every port of a [`SimNet`]) travels as one small vendor request in
 //!   the RC stream, and the responder, after the usual key/PD/access/range check under its
-//!   lock, copies the payload with one `process_vm_readv` from the requester's process straight
-//!   into its registered memory. Peers find each other's process through a per-user registry
-//!   ([`registry`]), never through a packet; a kernel refusal (`EPERM`, e.g. Yama) falls back to
-//!   the wire for that peer. A liveness word per placed request ([`live`]) keeps a responder
-//!   that runs late from copying a buffer the requester already reused. It is the default;
-//!   [`SoftConfig::single_copy`] or `LND_SOFT_SINGLE_COPY=0|1` choose the path;
+//!   lock, copies the payload once from the requester's process straight into its registered
+//!   memory: a `memcpy` from the requester's buffer arena, which it maps read-only
+//!   ([`peer_arena`]), or else one `process_vm_readv`. Peers find each other's process through
+//!   a per-user registry ([`registry`]), never through a packet; a kernel refusal (`EPERM`,
+//!   e.g. Yama) falls back to the wire for that peer. A liveness word per placed request
+//!   ([`live`]) keeps a responder that runs late from copying a buffer the requester already
+//!   reused. It is the default;
+//!   [`SoftConfig::single_copy`] or `LND_SOFT_SINGLE_COPY=0|syscall|1` choose the path;
 //!   `FabricStats::placed_*` count it. On the same path every other frame to a same-host port
 //!   travels through a shared-memory ring with a UDP doorbell for a sleeping consumer
 //!   ([`ring`]).
@@ -41,7 +43,7 @@ pub mod fault;
 pub(crate) mod live;
 pub mod mem;
 pub mod packet;
-pub(crate) mod peer_arena;
+pub mod peer_arena;
 pub mod place;
 pub mod rc;
 pub mod registry;

@@ -7,7 +7,7 @@
 //! as `process_vm_readv`), checks that the file is sealed against shrinking and at least as
 //! long as published (so no read through the mapping can fault past its end), and maps it
 //! read-only. The mapping is kept per source port and dropped when the port's process goes
-//! away or restarts ([`super::place::Placement::forget_departed`]).
+//! away or restarts (`Placement::forget_departed` in [`super::place`]).
 //!
 //! Everything the peer publishes is untrusted: every gather entry and liveness word is checked
 //! against the mapping with checked arithmetic, and anything outside it is copied the old way,

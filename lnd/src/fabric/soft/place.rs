@@ -84,7 +84,7 @@
 //! copied with `process_vm_readv` as before; the trust argument is the same, since opening
 //! `/proc/<pid>/fd/<fd>` needs the same ptrace permission. Mappings of senders whose process
 //! went away or restarted are dropped within a few seconds of device activity
-//! ([`Placement::forget_departed`]), so they do not keep a departed process's memory alive.
+//! (`Placement::forget_departed`), so they do not keep a departed process's memory alive.
 //!
 //! Not placed: inline WRITEs (their data already sits in the work request), zero-length WRITEs,
 //! and anything to a port on another host.
@@ -295,7 +295,7 @@ pub(crate) enum Copied {
     Syscall,
 }
 
-/// How often departed senders are looked for ([`Placement::forget_departed`]).
+/// How often departed senders are looked for (`Placement::forget_departed`).
 const DEPARTED_CHECK: Duration = Duration::from_secs(5);
 
 /// A device's single-copy state: its mode and identity, where it may place, and whom it can
