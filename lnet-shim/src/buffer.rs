@@ -82,6 +82,20 @@ impl Buffer {
     /// # Panics
     /// If the allocation fails (as `Vec` does).
     pub fn new(len: usize) -> Buffer {
+        if len > 0 {
+            if let Some(ptr) = crate::arena::arena().and_then(|a| a.alloc(len)) {
+                return Buffer { ptr, len, in_arena: true, regs: Mutex::new(Vec::new()) };
+            }
+        }
+        Buffer::on_heap(len)
+    }
+
+    /// Allocates `len` zeroed bytes aligned to [`BUFFER_ALIGN`] on the heap, never in the
+    /// arena: ordinary memory, which a same-host peer's device copies with `process_vm_readv`.
+    ///
+    /// # Panics
+    /// If the allocation fails (as `Vec` does).
+    pub fn on_heap(len: usize) -> Buffer {
         let regs = Mutex::new(Vec::new());
         if len == 0 {
             return Buffer {
@@ -90,9 +104,6 @@ impl Buffer {
                 in_arena: false,
                 regs,
             };
-        }
-        if let Some(ptr) = crate::arena::arena().and_then(|a| a.alloc(len)) {
-            return Buffer { ptr, len, in_arena: true, regs };
         }
         let layout = Layout::from_size_align(len, BUFFER_ALIGN)
             .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<u8>()));
@@ -267,6 +278,8 @@ mod tests {
     #[test]
     fn reads_and_writes_are_range_checked() {
         let b = Buffer::new(10000);
+        assert_eq!(b.in_arena(), crate::arena::arena().is_some());
+        assert!(!Buffer::on_heap(10000).in_arena());
         assert_eq!(b.addr() % BUFFER_ALIGN as u64, 0);
         b.write(9990, &[1; 10]).unwrap();
         assert!(b.write(9991, &[1; 10]).is_err());

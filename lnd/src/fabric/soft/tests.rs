@@ -1082,3 +1082,42 @@ fn a_senders_arena_is_unmapped_once_its_port_is_gone() {
     assert_eq!(b.dev.mapped_arenas(), 0, "seed {s}: a departed sender's arena stays mapped");
     drop(a);
 }
+
+/// A placed WRITE is copied from the sender's mapped arena only when its whole gather list lies
+/// in the arena; memory outside it (here a heap buffer), alone or mixed with arena memory, is
+/// copied with `process_vm_readv`. Every byte arrives either way.
+#[test]
+fn sources_outside_the_arena_are_copied_with_process_vm_readv() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, on_path(s, SingleCopy::Auto), 65536);
+    let b = node(&net, 2, on_path(s + 1, SingleCopy::Auto), 3 * 65536);
+    let heap = RegisteredBuf::register(&a.dev, &a.pd, lnet_shim::Buffer::on_heap(65536), RW).unwrap();
+    connect(&a, &b, RC);
+    let (arena_data, heap_data) = (pattern(1, 20000), pattern(2, 30000));
+    a.buf.buf().write(0, &arena_data).unwrap();
+    heap.buf().write(0, &heap_data).unwrap();
+    let write = |wr_id: u64, at: usize, sg_list: &[crate::fabric::Sge]| {
+        let op = SendOp::RdmaWrite { remote_addr: b.buf.addr_at(at), rkey: b.buf.rkey() };
+        a.qp.post_send(&[SendWr { wr_id, op, sg_list, flags: SendFlags::SIGNALED }]).unwrap();
+    };
+    write(1, 0, &[a.buf.sge(0, 20000)]); // all in the arena: mapped
+    write(2, 65536, &[heap.sge(0, 30000)]); // all on the heap
+    write(3, 2 * 65536, &[a.buf.sge(0, 20000), heap.sge(0, 30000)]); // mixed
+    let mut now = Instant::ZERO;
+    let mut wcs = Vec::new();
+    let done = run_until(&[&a.dev, &b.dev], &mut now, 100_000, |_| {
+        poll_all(&a.cq, &mut wcs);
+        wcs.len() == 3
+    });
+    assert!(done, "seed {s}: {wcs:?}");
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "seed {s}: {wcs:?}");
+    assert_eq!(b.buf.buf().to_vec(0, 20000).unwrap(), arena_data);
+    assert_eq!(b.buf.buf().to_vec(65536, 30000).unwrap(), heap_data);
+    let mut both = arena_data.clone();
+    both.extend(&heap_data);
+    assert_eq!(b.buf.buf().to_vec(2 * 65536, 50000).unwrap(), both, "seed {s}");
+    let st = b.dev.stats();
+    let mapped = u64::from(lnet_shim::arena::arena().is_some());
+    assert_eq!((st.placed_writes, st.placed_mapped), (3, mapped), "seed {s}: {st:?}");
+}
