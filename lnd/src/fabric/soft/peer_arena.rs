@@ -14,9 +14,9 @@
 //! with `process_vm_readv`, whose failures are the peer's own.
 #![allow(unsafe_code)]
 
-use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,7 +44,20 @@ impl PeerArena {
         if info.len == 0 || info.len > MAX_ARENA || info.len % 4096 != 0 || info.base % 4096 != 0 {
             return Err(invalid("implausible length or address"));
         }
-        let file = File::open(format!("/proc/{pid}/fd/{}", info.fd))?;
+        // The entry names the fd; only a memfd is opened (a FIFO or a device there would block
+        // or act on open), and without blocking or taking a terminal whatever it turns out to be.
+        let path = format!("/proc/{pid}/fd/{}", info.fd);
+        let target = std::fs::read_link(&path)?;
+        if !target.as_os_str().as_encoded_bytes().starts_with(b"/memfd:") {
+            return Err(invalid("not a memfd"));
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(&path)?;
+        if !file.metadata()?.file_type().is_file() {
+            return Err(invalid("not a regular file"));
+        }
         let fd = file.as_raw_fd();
         // SAFETY: a plain query on a descriptor we own.
         let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
@@ -109,6 +122,8 @@ impl Drop for PeerArena {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
     use lnet_shim::arena::Arena;
 
     use super::*;
@@ -146,10 +161,31 @@ mod tests {
         assert!(PeerArena::open(me, ArenaInfo { len: 0, ..info }).is_err());
         assert!(PeerArena::open(me, ArenaInfo { len: 4097, ..info }).is_err());
         assert!(PeerArena::open(me, ArenaInfo { fd: 1_000_000, ..info }).is_err());
-        // An ordinary file is not sealed.
+        // An ordinary file is not an arena; nor is a FIFO, which is never even opened (opening
+        // one for reading would block until a writer came).
         let f = File::open("/proc/self/stat").unwrap();
         let plain = ArenaInfo { fd: f.as_raw_fd(), ..info };
         assert_eq!(PeerArena::open(me, plain).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two descriptors into the live array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let fifo = ArenaInfo { fd: fds[0], ..info };
+        assert_eq!(PeerArena::open(me, fifo).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        // SAFETY: closing the two descriptors pipe gave us.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        // A memfd that is not sealed.
+        // SAFETY: a static NUL-terminated name; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a plain call on the new descriptor.
+        assert_eq!(unsafe { libc::ftruncate(raw, info.len as libc::off_t) }, 0);
+        let unsealed = ArenaInfo { fd: raw, ..info };
+        assert_eq!(PeerArena::open(me, unsealed).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        // SAFETY: closing the descriptor memfd_create gave us.
+        unsafe { libc::close(raw) };
         // A process that is not there.
         assert!(PeerArena::open(u32::MAX, info).is_err());
     }
