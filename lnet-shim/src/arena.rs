@@ -65,8 +65,11 @@ impl ArenaInfo {
 struct Free {
     by_off: BTreeMap<usize, usize>,
     by_len: BTreeSet<(usize, usize)>,
-    /// Everything from here to the end has never been handed out, or was given back: zero.
+    /// Everything from here to the end is free.
     top: usize,
+    /// Everything from here to the end reads as zero (never written since it was last given
+    /// back to the kernel); free memory between `top` and here may hold old data.
+    clean: usize,
 }
 
 impl Free {
@@ -80,22 +83,25 @@ impl Free {
         self.by_len.remove(&(len, off));
     }
 
-    /// A block of `len` bytes (a multiple of the page): (offset, whether it may hold old data).
-    fn take(&mut self, len: usize, limit: usize) -> Option<(usize, bool)> {
+    /// A block of `len` bytes (a multiple of the page): (offset, how many of its first bytes
+    /// may hold old data).
+    fn take(&mut self, len: usize, limit: usize) -> Option<(usize, usize)> {
         if let Some(&(flen, off)) = self.by_len.range((len, 0)..).next() {
             self.remove(off, flen);
             if flen > len {
                 self.insert(off + len, flen - len);
             }
-            return Some((off, true));
+            return Some((off, len));
         }
         let off = self.top;
         self.top = off.checked_add(len).filter(|&end| end <= limit)?;
-        Some((off, false))
+        let dirty = self.clean.saturating_sub(off).min(len);
+        self.clean = self.clean.max(self.top);
+        Some((off, dirty))
     }
 
     /// Returns a block: the merged block it became part of, and whether that went back into
-    /// the never-used top (which must then read as zero).
+    /// the top.
     fn give(&mut self, mut off: usize, mut len: usize) -> (usize, usize, bool) {
         if let Some((&poff, &plen)) = self.by_off.range(..off).next_back() {
             if poff + plen == off {
@@ -222,13 +228,24 @@ impl Arena {
 
     /// `len` zeroed bytes (rounded up to whole pages), page-aligned; `None` if the arena is full.
     pub fn alloc(&self, len: usize) -> Option<NonNull<u8>> {
+        self.alloc_with(len, true)
+    }
+
+    /// `len` bytes (rounded up to whole pages) whose contents are unspecified (old data of this
+    /// process), for a caller that overwrites them at once; `None` if the arena is full.
+    pub fn alloc_uninit(&self, len: usize) -> Option<NonNull<u8>> {
+        self.alloc_with(len, false)
+    }
+
+    fn alloc_with(&self, len: usize, zero: bool) -> Option<NonNull<u8>> {
         let len = len.checked_next_multiple_of(ARENA_PAGE)?.max(ARENA_PAGE);
         let (off, dirty) = self.free().take(len, self.len)?;
         // SAFETY: `take` handed out `off..off+len` inside the mapping to us alone.
         let p = unsafe { self.base.as_ptr().add(off) };
-        if dirty {
-            // SAFETY: the block just taken: inside the mapping, ours alone.
-            unsafe { std::ptr::write_bytes(p, 0, len) };
+        if zero && dirty > 0 {
+            // SAFETY: the first `dirty` bytes of the block just taken: inside the mapping,
+            // ours alone.
+            unsafe { std::ptr::write_bytes(p, 0, dirty) };
         }
         NonNull::new(p)
     }
@@ -241,18 +258,18 @@ impl Arena {
     pub unsafe fn dealloc(&self, ptr: NonNull<u8>, len: usize) {
         let Some(len) = len.checked_next_multiple_of(ARENA_PAGE).map(|l| l.max(ARENA_PAGE)) else { return };
         let off = ptr.as_ptr() as usize - self.base.as_ptr() as usize;
-        // Under the lock: a block merged into the top must read as zero before anyone can take
-        // it again.
+        // Under the lock: the free list and the clean mark change together with the pages.
         let mut free = self.free();
         let punch = match free.give(off, len) {
-            // Back into the top, which must read as zero: small blocks are cleared by hand
-            // (a block allocated and freed at the top over and over costs no system call).
-            (moff, mlen, true) if mlen < PUNCH_MIN => {
-                // SAFETY: the merged block is inside the mapping, free, and we hold the lock.
-                unsafe { std::ptr::write_bytes(self.base.as_ptr().add(moff), 0, mlen) };
-                None
+            // Back into the top: what lies between it and the clean mark goes back to the
+            // kernel once it is large; small blocks stay, to be zeroed when taken again (a
+            // block allocated and freed at the top over and over costs no system call).
+            (moff, _, true) if free.clean - moff >= PUNCH_MIN => {
+                let dirty = free.clean - moff;
+                free.clean = moff;
+                Some((moff, dirty))
             }
-            (moff, mlen, true) => Some((moff, mlen)),
+            (_, _, true) => None,
             _ if len >= PUNCH_MIN => Some((off, len)),
             _ => None,
         };
@@ -322,6 +339,23 @@ mod tests {
         assert_eq!(a.in_use(), 0);
         assert_eq!(a.free().top, 0);
         assert!(a.free().by_off.is_empty());
+        // A block taken over old data is zeroed; one taken uninitialised is not.
+        let d = a.alloc_uninit(ARENA_PAGE).unwrap();
+        assert_eq!(d, x, "the top block again");
+        // SAFETY: a live block of one page.
+        unsafe { std::ptr::write_bytes(d.as_ptr(), 0x77, ARENA_PAGE) };
+        // SAFETY: freed once.
+        unsafe { a.dealloc(d, ARENA_PAGE) };
+        let d = a.alloc_uninit(ARENA_PAGE).unwrap();
+        // SAFETY: a live block of one page.
+        assert_eq!(unsafe { *d.as_ptr() }, 0x77, "uninit: old data left as is");
+        // SAFETY: freed once.
+        unsafe { a.dealloc(d, ARENA_PAGE) };
+        let z = a.alloc(ARENA_PAGE).unwrap();
+        // SAFETY: a live block of one page.
+        assert!(unsafe { std::slice::from_raw_parts(z.as_ptr(), ARENA_PAGE) }.iter().all(|&b| b == 0));
+        // SAFETY: freed once.
+        unsafe { a.dealloc(z, ARENA_PAGE) };
         // Full: the whole arena, then nothing.
         let all = a.alloc(64 * ARENA_PAGE).unwrap();
         assert!(a.alloc(1).is_none());

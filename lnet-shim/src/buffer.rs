@@ -113,10 +113,14 @@ impl Buffer {
         Buffer { ptr, len, in_arena: false, regs }
     }
 
-    /// A buffer holding a copy of `data`.
+    /// A buffer holding a copy of `data` (in the arena, not zeroed first).
     pub fn from_slice(data: &[u8]) -> Buffer {
-        let b = Buffer::new(data.len());
-        // Cannot fail: same length.
+        let len = data.len();
+        let b = match crate::arena::arena().filter(|_| len > 0).and_then(|a| a.alloc_uninit(len)) {
+            Some(ptr) => Buffer { ptr, len, in_arena: true, regs: Mutex::new(Vec::new()) },
+            None => Buffer::on_heap(len),
+        };
+        // Cannot fail: same length. It overwrites every byte of the buffer.
         let _ = b.write(0, data);
         b
     }

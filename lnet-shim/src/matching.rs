@@ -710,7 +710,11 @@ impl PortalTable {
 
     fn remove_from_portal(&mut self, portal: u32, me: MeHandle) {
         if let Some(list) = self.portals.get_mut(portal as usize) {
-            list.retain(|h| *h != me);
+            // A handle is in its list once. The entry that matched is usually at the front
+            // (servers post many like entries and the first one takes each message): no scan.
+            if let Some(at) = list.iter().position(|h| *h == me) {
+                list.remove(at);
+            }
         }
     }
 
