@@ -388,17 +388,19 @@ impl Placement {
                 // which lives in `self.senders` for the whole call.
                 unsafe { mem.write_from_sources(pd, rkey, va, len, &sources) }.map_err(PlaceFault::Mem)?;
                 if let Some(word) = m.load_word(w.live.0) {
-                    return Ok((Copied::Mapped, Some(word)));
+                    return Ok((Copied::Mapped, word));
                 }
-                return Ok((Copied::Mapped, read_word(peer.pid, w.live.0)));
+                // A word outside the arena: the kernel may refuse this read (Yama allows the
+                // mapping but not `process_vm_readv`), which is a refusal, not staleness.
+                return Ok((Copied::Mapped, read_word(peer.pid, w.live.0).map_err(PlaceFault::Os)?));
             }
             mem.write_from_process(pd, rkey, va, len, peer.pid, &w.sges)?;
-            Ok((Copied::Syscall, read_word(peer.pid, w.live.0)))
+            Ok((Copied::Syscall, read_word(peer.pid, w.live.0).map_err(PlaceFault::Os)?))
         })();
         match copied {
             // The data was read before the word: if the word still holds the token, the request
             // was outstanding (its buffer not yet handed back) for the whole copy.
-            Ok((how, word)) if word == Some(w.live.1) => Ok(how),
+            Ok((how, word)) if word == w.live.1 => Ok(how),
             Ok(_) => Err(Unplaced::Stale),
             Err(PlaceFault::Mem(
                 MemFault::BadKey | MemFault::WrongPd | MemFault::Access | MemFault::Range,
@@ -409,7 +411,7 @@ impl Placement {
                 self.senders.insert(src, Sender::Refused);
                 eprintln!(
                     "lnd: {}: single-copy from {src} (pid {}) is not possible: process_vm_readv: {e}; \
-                     RDMA WRITEs from this peer use the wire",
+                     RDMA WRITEs from this peer use the wire (buffers outside its arena, or no arena)",
                     self.name, peer.pid
                 );
                 Err(Unplaced::Refused)
@@ -441,9 +443,9 @@ impl Placement {
 }
 
 /// The word at `addr` in process `pid`, read with `process_vm_readv`.
-fn read_word(pid: u32, addr: u64) -> Option<u64> {
+fn read_word(pid: u32, addr: u64) -> std::io::Result<u64> {
     let mut word = [0u8; 8];
-    mem::read_process(pid, addr, &mut word).ok().map(|()| u64::from_ne_bytes(word))
+    mem::read_process(pid, addr, &mut word).map(|()| u64::from_ne_bytes(word))
 }
 
 /// The sources of `w` in `peer`'s mapped arena (mapping it first if not tried yet), or `None`
