@@ -289,8 +289,17 @@ fn serve(a: &Args) -> Result<(), String> {
          rss {rss_end} KiB (+{} KiB since start)",
         rss_end.saturating_sub(rss_start)
     );
-    // Let the last completions reach the peer before the connection goes.
-    let _ = rx.recv_timeout(Duration::from_millis(300));
+    // Let the last completions reach the peer before the connection goes: stay connected a
+    // while (several RC retransmission intervals, 67 ms each), so that a peer whose last
+    // message's ACK was lost gets it on the retransmission instead of a disconnect.
+    let linger = clock.now() + Duration::from_millis(300);
+    loop {
+        let left = linger.saturating_duration_since(clock.now());
+        if left.is_zero() {
+            break;
+        }
+        let _ = rx.recv_timeout(left);
+    }
     up.sinks.lock().unwrap().clear();
     finish(&driver, "server");
     Ok(())
