@@ -34,17 +34,37 @@ fn data_row(out: &str, test: &str) -> Vec<String> {
         .collect()
 }
 
+/// Runs `brw` write then read with `size`, `concurrency`, `count` and `check` against the
+/// server on `port`; returns each run's data row after asserting that the client succeeded.
+fn brw_both_ways(port: u16, size: &str, concurrency: &str, count: &str, check: &str) -> Vec<Vec<String>> {
+    ["write", "read"]
+        .into_iter()
+        .map(|op| {
+            let args = [
+                "brw",
+                "--op",
+                op,
+                "--size",
+                size,
+                "--concurrency",
+                concurrency,
+                "--count",
+                count,
+                "--check",
+                check,
+            ];
+            let c = client(port, &args);
+            assert!(c.success, "brw {op}: {c:?}");
+            data_row(&c.stdout, &format!("brw {op}"))
+        })
+        .collect()
+}
+
 #[test]
 fn brw_write_and_read_with_full_checking() {
     let port = unique_port(0);
     let s = server(port);
-    for op in ["write", "read"] {
-        let c = client(
-            port,
-            &["brw", "--op", op, "--size", "64K", "--concurrency", "4", "--count", "300", "--check", "full"],
-        );
-        assert!(c.success, "brw {op}: {c:?}");
-        let row = data_row(&c.stdout, &format!("brw {op}"));
+    for row in brw_both_ways(port, "64K", "4", "300", "full") {
         // test(2 words) size conc MiB/s RPC/s p50 p99 p99.9 max errors ...
         assert_eq!(row[2], "64K", "{row:?}");
         assert_eq!(row[11], "0", "no errors: {row:?}");
@@ -67,13 +87,7 @@ fn brw_write_and_read_with_full_checking() {
 fn brw_without_checking_is_served_in_the_callbacks() {
     let port = unique_port(3);
     let s = server(port);
-    for op in ["write", "read"] {
-        let c = client(
-            port,
-            &["brw", "--op", op, "--size", "1M", "--concurrency", "8", "--count", "400", "--check", "none"],
-        );
-        assert!(c.success, "brw {op}: {c:?}");
-        let row = data_row(&c.stdout, &format!("brw {op}"));
+    for row in brw_both_ways(port, "1M", "8", "400", "none") {
         assert_eq!((row[2].as_str(), row[11].as_str()), ("1M", "0"), "no errors: {row:?}");
     }
     let o = stop(s);

@@ -67,7 +67,6 @@ struct Server<'a> {
     node: &'a Node,
     eq: EventQueue,
     requests: Vec<Arc<Buffer>>,
-    pool: HashMap<usize, Vec<Arc<Buffer>>>,
     pending: HashMap<u64, Pending>,
     replies: HashMap<u64, Arc<Buffer>>,
     next: u64,
@@ -81,7 +80,6 @@ pub fn serve(node: &Node, stop: impl Fn() -> bool) -> Result<ServerCounters, Str
         node,
         eq: EventQueue::new(1 << 16),
         requests: Vec::new(),
-        pool: HashMap::new(),
         pending: HashMap::new(),
         replies: HashMap::new(),
         next: 1,
@@ -113,14 +111,6 @@ impl Server<'_> {
             errors: self.counters.errors + self.fast.errors.load(Ordering::Relaxed),
             corrupt: self.counters.corrupt,
         }
-    }
-
-    fn take_buffer(&mut self, size: usize) -> Arc<Buffer> {
-        self.pool.get_mut(&size).and_then(Vec::pop).unwrap_or_else(|| Arc::new(Buffer::new(size)))
-    }
-
-    fn give_buffer(&mut self, buf: Arc<Buffer>) {
-        self.pool.entry(buf.len()).or_default().push(buf);
     }
 
     fn handle(&mut self, ev: Event) {
@@ -169,7 +159,7 @@ impl Server<'_> {
     }
 
     fn brw(&mut self, client: ProcessId, req: Request) {
-        let buf = self.take_buffer(req.size as usize);
+        let buf = self.fast.take(req.size as usize);
         let id = self.next;
         self.next += 1;
         let lnet = &self.node.lnet;
@@ -199,7 +189,7 @@ impl Server<'_> {
             }
             Err(_) => {
                 self.counters.errors += 1;
-                self.give_buffer(buf);
+                self.fast.give(buf);
                 self.reply(client, req.rpc, -5, &[]);
             }
         }
@@ -231,7 +221,7 @@ impl Server<'_> {
             }
             Ok(()) => 0,
         };
-        self.give_buffer(p.buf);
+        self.fast.give(p.buf);
         self.reply(p.client, p.req.rpc, status, &[]);
     }
 
@@ -249,8 +239,8 @@ impl Server<'_> {
     }
 }
 
-/// What the event callbacks (on the LND thread) share: counters of the RPCs they answered,
-/// and the bulk buffers of `check=none` brw RPCs, pooled by size (registered once).
+/// What the event callbacks (on the LND thread) share with the server thread: counters of the
+/// RPCs they answered, and the bulk buffers of every brw RPC, pooled by size (registered once).
 #[derive(Debug, Default)]
 struct Fast {
     rpcs: AtomicU64,

@@ -100,9 +100,9 @@ impl Free {
         Some((off, dirty))
     }
 
-    /// Returns a block: the merged block it became part of, and whether that went back into
-    /// the top.
-    fn give(&mut self, mut off: usize, mut len: usize) -> (usize, usize, bool) {
+    /// Returns a block; if it (merged with its free neighbours) went back into the top, the
+    /// new top.
+    fn give(&mut self, mut off: usize, mut len: usize) -> Option<usize> {
         if let Some((&poff, &plen)) = self.by_off.range(..off).next_back() {
             if poff + plen == off {
                 self.remove(poff, plen);
@@ -116,10 +116,10 @@ impl Free {
         }
         if off + len == self.top {
             self.top = off;
-            return (off, len, true);
+            return Some(off);
         }
         self.insert(off, len);
-        (off, len, false)
+        None
     }
 }
 
@@ -264,14 +264,14 @@ impl Arena {
             // Back into the top: what lies between it and the clean mark goes back to the
             // kernel once it is large; small blocks stay, to be zeroed when taken again (a
             // block allocated and freed at the top over and over costs no system call).
-            (moff, _, true) if free.clean - moff >= PUNCH_MIN => {
-                let dirty = free.clean - moff;
-                free.clean = moff;
-                Some((moff, dirty))
+            Some(top) if free.clean - top >= PUNCH_MIN => {
+                let dirty = free.clean - top;
+                free.clean = top;
+                Some((top, dirty))
             }
-            (_, _, true) => None,
-            _ if len >= PUNCH_MIN => Some((off, len)),
-            _ => None,
+            Some(_) => None,
+            None if len >= PUNCH_MIN => Some((off, len)),
+            None => None,
         };
         if let Some((off, len)) = punch {
             // Give the pages back. On failure (an old kernel) zero them by hand.
@@ -284,11 +284,6 @@ impl Arena {
             }
         }
         drop(free);
-    }
-
-    /// `len` zeroed bytes that are never freed (for state a peer reads, like liveness words).
-    pub fn alloc_static(&self, len: usize) -> Option<NonNull<u8>> {
-        self.alloc(len)
     }
 
     /// Bytes handed out and not given back (pages).

@@ -186,12 +186,11 @@ pub fn expected_write_path() -> WritePath {
 }
 
 /// Whether same-host copies should come from the peer's mapped buffer arena: the default,
-/// unless `LND_SOFT_SINGLE_COPY=syscall` or `LNET_BUFFER_ARENA=0`.
+/// unless `LND_SOFT_SINGLE_COPY=syscall` or there is no arena (`LNET_BUFFER_ARENA=0`, which
+/// the test processes inherit).
 fn arena_copies_expected() -> bool {
     use lnd::fabric::soft::SingleCopy;
-    let arena_off =
-        matches!(std::env::var("LNET_BUFFER_ARENA").as_deref().map(str::trim), Ok("0" | "off" | "false"));
-    SingleCopy::from_env() == SingleCopy::Auto && !arena_off
+    SingleCopy::from_env() == SingleCopy::Auto && lnet_shim::arena::arena().is_some()
 }
 
 /// The number after `key ` in `text` (e.g. `placed 12` → 12), if there is one.

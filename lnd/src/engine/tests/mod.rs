@@ -692,17 +692,14 @@ pub(crate) fn assert_write_path(sim: &Sim) {
     let placed: u64 = sim.nodes.iter().map(|n| n.engine.device().stats().placed_writes).sum();
     let sent: u64 = sim.nodes.iter().map(|n| n.engine.device().stats().placed_sent).sum();
     match SingleCopy::from_env() {
-        SingleCopy::Auto => {
+        mode @ (SingleCopy::Auto | SingleCopy::Syscall) => {
             assert!(placed > 0 && sent > 0, "seed {}: the single-copy path was not taken", sim.seed);
-            // LNet buffers are in the arena (when there is one): copied from its mapping.
+            // LNet buffers are in the arena (when there is one): copied from its mapping, unless
+            // LND_SOFT_SINGLE_COPY=syscall.
             let mapped: u64 = sim.nodes.iter().map(|n| n.engine.device().stats().placed_mapped).sum();
-            let want = if lnet_shim::arena::arena().is_some() { placed } else { 0 };
-            assert_eq!(mapped, want, "seed {}: copies from the mapped arena", sim.seed);
-        }
-        SingleCopy::Syscall => {
-            assert!(placed > 0 && sent > 0, "seed {}: the single-copy path was not taken", sim.seed);
-            let mapped: u64 = sim.nodes.iter().map(|n| n.engine.device().stats().placed_mapped).sum();
-            assert_eq!(mapped, 0, "seed {}: LND_SOFT_SINGLE_COPY=syscall mapped an arena", sim.seed);
+            let want =
+                if mode == SingleCopy::Auto && lnet_shim::arena::arena().is_some() { placed } else { 0 };
+            assert_eq!(mapped, want, "seed {}: copies from the mapped arena ({mode:?})", sim.seed);
         }
         SingleCopy::Off => {
             assert_eq!((placed, sent), (0, 0), "seed {}: WRITEs placed with LND_SOFT_SINGLE_COPY=0", sim.seed)

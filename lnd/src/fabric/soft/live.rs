@@ -10,8 +10,8 @@
 //! carries the word's address and the token. The responder copies the data and *then* reads
 //! the word (a load from the requester's mapped arena, or `process_vm_readv`): if it still
 //! holds the token, the request was outstanding the whole time the data was read, so the
-//! buffer had not been handed back to the application and the copy is the snapshot a wire WRITE would have carried. Otherwise
-//! the request is dropped as if its packets had been lost: no ACK, no completion, the
+//! buffer had not been handed back to the application and the copy is the snapshot a wire
+//! WRITE would have carried. Otherwise the request is dropped as if its packets had been lost: no ACK, no completion, the
 //! expected PSN unmoved (the requester's QP is in error by then and sends nothing more), and
 //! whatever reached the target range is undefined, as after any failed RDMA WRITE.
 //!
@@ -21,9 +21,9 @@
 //! the system call boundaries keep them so.
 //!
 //! Words live in a process-wide pool of chunks that are never freed (in the buffer arena when
-//! the process has one, so that a responder that maps it reads a word with one load), and tokens come from one
-//! 64-bit counter that never repeats, so a word read late is either the same request's token
-//! or something else: never an old token that matches by chance (no ABA).
+//! the process has one, so that a responder that maps it reads a word with one load), and
+//! tokens come from one 64-bit counter that never repeats, so a word read late is either the
+//! same request's token or something else: never an old token that matches by chance (no ABA).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,10 +43,10 @@ static POOL: Mutex<Pool> = Mutex::new(Pool { free: Vec::new(), next_token: 1 });
 /// reads a word with a load, [`super::peer_arena`]), else on the heap; never freed.
 fn new_chunk() -> &'static [AtomicU64] {
     let bytes = CHUNK * std::mem::size_of::<AtomicU64>();
-    match lnet_shim::arena::arena().and_then(|a| a.alloc_static(bytes)) {
-        // SAFETY: a zeroed, page-aligned block of `bytes` bytes that is never freed and that
-        // nothing else refers to; AtomicU64 has the size and (8-byte) alignment the block
-        // satisfies, and zero is a valid value.
+    match lnet_shim::arena::arena().and_then(|a| a.alloc(bytes)) {
+        // SAFETY: a zeroed, page-aligned block of `bytes` bytes that is never given back to the
+        // arena and that nothing else refers to; AtomicU64 has the size and (8-byte) alignment
+        // the block satisfies, and zero is a valid value.
         Some(block) => unsafe { std::slice::from_raw_parts(block.as_ptr().cast::<AtomicU64>(), CHUNK) },
         None => Box::leak((0..CHUNK).map(|_| AtomicU64::new(0)).collect::<Box<[AtomicU64]>>()),
     }

@@ -383,19 +383,26 @@ impl Placement {
             if let Some(errno) = forced {
                 return Err(PlaceFault::Os(std::io::Error::from_raw_os_error(errno)));
             }
-            if let Some((m, sources)) = map.then(|| mapped_sources(arena, &peer, w)).flatten() {
-                // SAFETY: every source was found wholly inside the sender's arena mapping,
-                // which lives in `self.senders` for the whole call.
-                unsafe { mem.write_from_sources(pd, rkey, va, len, &sources) }.map_err(PlaceFault::Mem)?;
-                if let Some(word) = m.load_word(w.live.0) {
-                    return Ok((Copied::Mapped, word));
+            let mapped = map.then(|| mapped_sources(arena, &peer, w)).flatten();
+            let how = match &mapped {
+                Some((_, sources)) => {
+                    // SAFETY: every source was found wholly inside the sender's arena mapping,
+                    // which lives in `self.senders` for the whole call.
+                    unsafe { mem.write_from_sources(pd, rkey, va, len, sources) }.map_err(PlaceFault::Mem)?;
+                    Copied::Mapped
                 }
-                // A word outside the arena: the kernel may refuse this read (Yama allows the
-                // mapping but not `process_vm_readv`), which is a refusal, not staleness.
-                return Ok((Copied::Mapped, read_word(peer.pid, w.live.0).map_err(PlaceFault::Os)?));
-            }
-            mem.write_from_process(pd, rkey, va, len, peer.pid, &w.sges)?;
-            Ok((Copied::Syscall, read_word(peer.pid, w.live.0).map_err(PlaceFault::Os)?))
+                None => {
+                    mem.write_from_process(pd, rkey, va, len, peer.pid, &w.sges)?;
+                    Copied::Syscall
+                }
+            };
+            // A word outside the mapping is read with `process_vm_readv`; the kernel may refuse
+            // that (Yama allows the mapping but not the read), which is a refusal, not staleness.
+            let word = match mapped.and_then(|(m, _)| m.load_word(w.live.0)) {
+                Some(word) => word,
+                None => read_word(peer.pid, w.live.0).map_err(PlaceFault::Os)?,
+            };
+            Ok((how, word))
         })();
         match copied {
             // The data was read before the word: if the word still holds the token, the request
