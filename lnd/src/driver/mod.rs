@@ -13,6 +13,11 @@
 //!
 //! Completion queues are handled the way verbs consumers must: on a CQ fd event the engine
 //! consumes the notification, drains the CQ in batches, re-arms it and drains it once more.
+//! While the scheduler spins, a busy CQ is left unarmed and polled on every turn instead (no
+//! notification, so no system call, per completion); before the scheduler sleeps it arms them
+//! all ([`Engine::arm_cqs`], `engine::cq`). A spinning scheduler looks only at memory (frame
+//! rings, polled CQs, the command queue) and asks the kernel (epoll, and a yield of the CPU to
+//! any other runnable thread) every `KERNEL_POLL_INTERVAL`.
 //!
 //! `nscheds`: the interface runs [`Tunables::scheduler_threads`] scheduler threads, each with
 //! its own engine and a share of the peers (chosen by the peer's address), all on one device
@@ -51,6 +56,11 @@ const CQ_BASE: usize = 1 << 20;
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// Longest sleep between turns (bounds the latency of anything not fd-driven).
 const MAX_SLEEP: Duration = Duration::from_millis(250);
+/// While a scheduler spins, how often it also asks the kernel (epoll for sockets and wakers,
+/// and a yield of the CPU); in between it looks only at memory (frame rings, polled CQs, the
+/// command queue). Measured with ping 8 B: 2 µs gave 8.8–9.8 µs round trips, 5 µs 8.2–8.3,
+/// 10 µs 8.0 (with a worse p99); every turn, 9.6–10.7.
+const KERNEL_POLL_INTERVAL: Duration = Duration::from_micros(5);
 /// How long a query (peers, stats) waits for the scheduler.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -416,7 +426,10 @@ impl<D: Device> Scheduler<D> {
         let mut events = Events::with_capacity(256);
         let mut shutdown_deadline = None;
         let spin = Duration::from_micros(u64::from(self.busy_poll_usec));
+        // While spinning, busy CQs are polled rather than armed (no eventfd per completion).
+        self.engine.set_cq_poll_window(spin);
         let mut last_work = self.clock.now();
+        let mut last_kernel = self.clock.now();
         loop {
             self.turns += 1;
             let now = self.clock.now();
@@ -477,13 +490,28 @@ impl<D: Device> Scheduler<D> {
                 None => MAX_SLEEP,
             };
             if spinning {
-                // Nothing to do but look again: let any other runnable thread (the peer
-                // process, the application) have this CPU first, so that spinning never
-                // delays the work it waits for on a machine with few cores.
+                // Nothing to do but look again. The rings and CQs need no system call, so
+                // look at them alone for a while; the kernel (sockets, wakers) is asked only
+                // every KERNEL_POLL_INTERVAL.
+                if now.saturating_duration_since(last_kernel) < KERNEL_POLL_INTERVAL {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                // Before that, let any other runnable thread (the peer process, the
+                // application) have this CPU, so that spinning never delays the work it
+                // waits for on a machine with few cores.
                 std::thread::yield_now();
             }
-            // Before sleeping, the device makes its same-host peers ring instead of just
-            // writing to shared memory; if something arrived meanwhile, do not sleep.
+            // Before sleeping, the CQs polled while spinning are armed (a completion that
+            // slipped in first is handled, and then there is no sleep), and the device makes
+            // its same-host peers ring instead of just writing to shared memory; if something
+            // arrived meanwhile, do not sleep.
+            let timeout = if !timeout.is_zero() && self.engine.arm_cqs(now) {
+                last_work = now;
+                Duration::ZERO
+            } else {
+                timeout
+            };
             let prepared = !timeout.is_zero() && self.engine.device().prepare_to_sleep();
             // Applications wake this thread from now on; a command queued before that is
             // seen here (the Dekker pair of `SchedulerHandle::push`).
@@ -494,6 +522,7 @@ impl<D: Device> Scheduler<D> {
             };
             let timeout = if asleep { timeout } else { Duration::ZERO };
             let polled = self.poll.poll(&mut events, Some(timeout));
+            last_kernel = now;
             self.shared.sleeping.store(false, Ordering::Relaxed);
             if prepared {
                 self.engine.device().awake();

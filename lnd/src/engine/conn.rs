@@ -65,6 +65,12 @@ pub(crate) struct Conn<D: Device> {
     pub(crate) zombie_deadline: Instant,
     /// Whether a NOOP is owed but no descriptor was free to carry it.
     pub(crate) noop_starved: bool,
+    /// Whether the CQ was armed and its notification not consumed yet (see `engine::cq`).
+    pub(crate) cq_armed: bool,
+    /// Whether the CQ is on the engine's list of CQs polled on every turn.
+    pub(crate) cq_polled: bool,
+    /// When the CQ last gave a completion.
+    pub(crate) cq_busy: Instant,
 }
 
 /// What creating a connection needs.
@@ -140,6 +146,9 @@ pub(crate) fn create<D: Device>(dev: &D, pd: &D::Pd, spec: ConnSpec) -> Result<C
         close_error: None,
         zombie_deadline: Instant::FAR_FUTURE,
         noop_starved: false,
+        cq_armed: false,
+        cq_polled: false,
+        cq_busy: Instant::ZERO,
     };
     for i in 0..nrx {
         conn.post_rx(spec.key, i)?;

@@ -88,10 +88,12 @@ impl<D: Device> Engine<D> {
             my_psn: self.rng.next_u32() & 0x00ff_ffff,
             connect_deadline: now + self.cfg.tunables.connect_timeout(),
         };
-        let conn = create(&self.dev, &self.pd, spec).map_err(|_| err(Errno::ENOMEM, Health::LocalError))?;
+        let mut conn =
+            create(&self.dev, &self.pd, spec).map_err(|_| err(Errno::ENOMEM, Health::LocalError))?;
         let qpn = conn.qp.qp_num();
         let fd = conn.cq.event_fd();
         let _ = conn.cq.req_notify(false);
+        conn.cq_armed = true;
         let k = self.conns.insert(conn);
         self.by_qpn.insert(qpn, k);
         self.by_cq_fd.insert(fd, k);

@@ -18,6 +18,7 @@
 
 mod conn;
 mod connect;
+mod cq;
 mod peer;
 mod rx;
 mod send;
@@ -243,6 +244,10 @@ pub struct Engine<D: Device> {
     waiting: VecDeque<Waiting>,
     cq_ready: VecDeque<usize>,
     poll_all_cqs: bool,
+    /// Connections whose CQ is unarmed and drained on every poll (see [`cq`]).
+    polled: Vec<usize>,
+    /// How long a CQ stays polled after its last completion ([`Engine::set_cq_poll_window`]).
+    cq_poll_window: Duration,
     fd_changes: Vec<FdChange>,
     dirty: BTreeSet<usize>,
     next_scan: Instant,
@@ -313,6 +318,8 @@ impl<D: Device> Engine<D> {
             waiting: VecDeque::new(),
             cq_ready: VecDeque::new(),
             poll_all_cqs: false,
+            polled: Vec::new(),
+            cq_poll_window: Duration::ZERO,
             fd_changes: Vec::new(),
             dirty: BTreeSet::new(),
             next_scan: Instant::ZERO,
@@ -445,17 +452,6 @@ impl<D: Device> Engine<D> {
         self.activity() != before
     }
 
-    /// CQs the device says it signalled during `progress`: reaped in this poll, without waiting
-    /// for the driver's poller to report their fds.
-    fn take_signalled(&mut self) {
-        self.dev.take_signalled_cqs(&mut self.signalled);
-        for fd in self.signalled.drain(..) {
-            if let Some(&key) = self.by_cq_fd.get(&fd) {
-                self.cq_ready.push_back(key);
-            }
-        }
-    }
-
     /// A counter that moves whenever the engine or its device does something.
     fn activity(&self) -> u64 {
         let f = self.dev.stats();
@@ -502,57 +498,6 @@ impl<D: Device> Engine<D> {
             }
             AsyncEvent::PortErr | AsyncEvent::PortActive => {}
         }
-    }
-
-    fn reap_completions(&mut self, now: Instant) {
-        let mut keys: Vec<usize> = if self.poll_all_cqs {
-            self.cq_ready.clear();
-            self.conns.iter().map(|(k, _)| k).collect()
-        } else {
-            self.cq_ready.drain(..).collect()
-        };
-        keys.sort_unstable();
-        keys.dedup();
-        for key in keys {
-            self.drain_cq(now, key);
-        }
-    }
-
-    /// Drains a CQ, re-arms it, and drains again (a completion can land in between).
-    fn drain_cq(&mut self, now: Instant, key: usize) {
-        let outer = std::mem::replace(&mut self.reaping, true);
-        self.drain_cq_inner(now, key);
-        self.reaping = outer;
-    }
-
-    fn drain_cq_inner(&mut self, now: Instant, key: usize) {
-        let Some(conn) = self.conns.get(key) else { return };
-        let _ = conn.cq.get_event();
-        for pass in 0..2 {
-            loop {
-                let mut wcs = std::mem::take(&mut self.wcs);
-                let n = match self.conns.get(key) {
-                    Some(c) => c.cq.poll(&mut wcs),
-                    None => 0,
-                };
-                for wc in wcs.iter().take(n) {
-                    self.handle_wc(now, *wc);
-                }
-                self.wcs = wcs;
-                if n < WC_BATCH {
-                    break;
-                }
-            }
-            if pass == 0 {
-                match self.conns.get(key) {
-                    Some(c) => {
-                        let _ = c.cq.req_notify(false);
-                    }
-                    None => return,
-                }
-            }
-        }
-        self.maybe_destroy(now, key);
     }
 
     fn handle_wc(&mut self, now: Instant, wc: Wc) {

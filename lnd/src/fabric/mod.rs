@@ -97,6 +97,9 @@ pub struct FabricStats {
     pub ring_doorbells: u64,
     /// Frames dropped because a same-host ring was full.
     pub ring_full: u64,
+    /// Completion-channel notifications: completions that found their CQ armed and signalled
+    /// its fd (a consumer polling an unarmed CQ gets none).
+    pub cq_notifications: u64,
 }
 
 /// An opened RDMA device port: the root of the object graph (`ibv_context` + port).

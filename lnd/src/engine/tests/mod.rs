@@ -106,6 +106,10 @@ pub(crate) struct Sim {
     /// Completions gathered by [`Sim::gather`]: (node, token) → how many times, last result.
     pub(crate) sends: HashMap<(usize, u64), (u32, Result<SendStatus, LndError>)>,
     pub(crate) recvs: HashMap<(usize, u64), (u32, Result<usize, LndError>)>,
+    /// `Some(window)`: the engines reap CQs as the driver has them do ([`Sim::reap_like_the_driver`]).
+    spin: Option<Duration>,
+    /// When each node's engine last did something (for `spin`).
+    last_work: Vec<Instant>,
 }
 
 pub(crate) fn ip(i: usize) -> Ipv4Addr {
@@ -133,6 +137,8 @@ impl Sim {
             steps: 0,
             sends: HashMap::new(),
             recvs: HashMap::new(),
+            spin: None,
+            last_work: Vec::new(),
         };
         for i in 0..n {
             sim.add_node(i, tun.clone(), faults, SoftConfig::default(), 1000 + i as u64);
@@ -175,22 +181,52 @@ impl Sim {
         );
         tweak(&mut cfg);
         let mut engine = Engine::new(dev, cfg, lnet.clone()).unwrap();
-        engine.set_poll_all_cqs(true);
+        match self.spin {
+            None => engine.set_poll_all_cqs(true),
+            Some(window) => engine.set_cq_poll_window(window),
+        }
         let node = Node { engine, lnet, nid: nid(i) };
         if i < self.nodes.len() {
             self.nodes[i] = node;
         } else {
             self.nodes.push(node);
+            self.last_work.push(self.now);
+        }
+    }
+
+    /// From now on the engines reap their CQs as under the driver: only the CQs whose fds
+    /// would fire (the device's signalled ones), or, within `window` of their last completion,
+    /// polled on every turn; and an engine idle for `window` arms its CQs before time moves on
+    /// (the driver spins for `busy_poll_usec`, then arms and sleeps). A zero window is plain
+    /// event mode. Applies to nodes added later too.
+    pub(crate) fn reap_like_the_driver(&mut self, window: Duration) {
+        self.spin = Some(window);
+        for n in &mut self.nodes {
+            n.engine.set_poll_all_cqs(false);
+            n.engine.set_cq_poll_window(window);
         }
     }
 
     /// One step: every engine polls at `now`, then time jumps to the earliest deadline.
     pub(crate) fn step(&mut self) -> bool {
         self.steps += 1;
-        for n in &mut self.nodes {
-            n.engine.poll(self.now);
+        for (n, last) in self.nodes.iter_mut().zip(&mut self.last_work) {
+            if n.engine.poll(self.now) {
+                *last = self.now;
+            }
         }
-        let next = self.nodes.iter().filter_map(|n| n.engine.next_deadline()).min();
+        let mut next = self.nodes.iter().filter_map(|n| n.engine.next_deadline()).min();
+        if let Some(window) = self.spin {
+            // Each driver spins until `window` after its last work; one that would sleep
+            // before `next` arms its CQs first (and does not sleep if that found work).
+            let now = self.now;
+            for (n, last) in self.nodes.iter_mut().zip(&self.last_work) {
+                let sleeps = next.is_none_or(|t| t > now && t >= *last + window);
+                if sleeps && n.engine.arm_cqs(now) {
+                    next = Some(now);
+                }
+            }
+        }
         match next {
             Some(t) => {
                 self.now = self.now.max(t);
@@ -330,6 +366,7 @@ pub(crate) fn split(buf: &Arc<Buffer>, off: usize, len: usize, pieces: usize, rn
 mod admission;
 mod connect;
 mod hostile;
+mod reaping;
 mod soak;
 
 #[test]

@@ -516,8 +516,13 @@ impl DevState {
                     CqSel::Recv => &e.recv_cq,
                 };
                 match cq.push(c.wc, c.solicited) {
-                    Ok(true) if self.signalled_wanted => self.signalled.push(cq.event_fd()),
-                    Ok(_) => {}
+                    Ok(true) => {
+                        self.stats.cq_notifications += 1;
+                        if self.signalled_wanted {
+                            self.signalled.push(cq.event_fd());
+                        }
+                    }
+                    Ok(false) => {}
                     Err(_) if !overrun.contains(&cq.id) => overrun.push(cq.id),
                     Err(_) => {}
                 }
