@@ -12,6 +12,7 @@
 pub mod arena;
 pub mod buffer;
 pub mod event;
+pub mod hash;
 pub mod hdr;
 pub mod lnd;
 pub mod lnet;

@@ -126,7 +126,8 @@
     deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use lnet_shim::hash::FastMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -531,12 +532,12 @@ pub struct Cm {
     rng: Rng,
     /// High 32 bits of the TIDs of REQs and DREQs.
     tid_hi: u32,
-    conns: HashMap<u32, Conn>,
+    conns: FastMap<u32, Conn>,
     listeners: BTreeSet<u64>,
     /// (remote comm ID, remote CA GUID) → local comm ID: duplicate REQ/REP detection.
-    by_remote_id: HashMap<(u32, u64), u32>,
+    by_remote_id: FastMap<(u32, u64), u32>,
     /// (remote QPN, remote CA GUID) → local comm ID: stale connection detection.
-    by_remote_qpn: HashMap<(u32, u64), u32>,
+    by_remote_qpn: FastMap<(u32, u64), u32>,
     /// (deadline, arming sequence) → local comm ID.
     timers: BTreeMap<(Instant, u64), u32>,
     timer_seq: u64,
@@ -574,10 +575,10 @@ impl Cm {
             cfg: config,
             rng,
             tid_hi,
-            conns: HashMap::new(),
+            conns: FastMap::default(),
             listeners: BTreeSet::new(),
-            by_remote_id: HashMap::new(),
-            by_remote_qpn: HashMap::new(),
+            by_remote_id: FastMap::default(),
+            by_remote_qpn: FastMap::default(),
             timers: BTreeMap::new(),
             timer_seq: 0,
             pending_requests: 0,

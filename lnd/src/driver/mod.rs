@@ -25,7 +25,7 @@
 
 pub mod shard;
 
-use std::collections::HashMap;
+use lnet_shim::hash::FastMap;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -399,7 +399,7 @@ struct Scheduler<D: Device> {
     poll: Poll,
     shared: Arc<Shared>,
     clock: Clock,
-    cq_fds: HashMap<RawFd, usize>,
+    cq_fds: FastMap<RawFd, usize>,
     turns: u64,
     busy_poll_usec: u32,
 }
@@ -411,7 +411,7 @@ impl<D: Device> Scheduler<D> {
             poll,
             shared,
             clock: Clock::new(),
-            cq_fds: HashMap::new(),
+            cq_fds: FastMap::default(),
             turns: 0,
             busy_poll_usec,
         }

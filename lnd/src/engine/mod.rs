@@ -27,7 +27,8 @@ pub use send::validate_send;
 mod tests;
 pub(crate) mod tx;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use lnet_shim::hash::FastMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -230,15 +231,15 @@ pub struct Engine<D: Device> {
     peers: BTreeMap<Nid, Peer>,
     conns: Slab<Conn<D>>,
     next_gen: u32,
-    by_cm: HashMap<u32, usize>,
-    by_qpn: HashMap<u32, usize>,
+    by_cm: FastMap<u32, usize>,
+    by_qpn: FastMap<u32, usize>,
     /// Connections by their CQ's event fd ([`Device::take_signalled_cqs`]).
-    by_cq_fd: HashMap<std::os::fd::RawFd, usize>,
+    by_cq_fd: FastMap<std::os::fd::RawFd, usize>,
     signalled: Vec<std::os::fd::RawFd>,
     txs: Slab<Tx>,
     slots: SlotPool,
     msgs: RegisteredBuf<D>,
-    cookies: HashMap<u64, usize>,
+    cookies: FastMap<u64, usize>,
     next_cookie: u64,
     deadlines: BTreeSet<(Instant, usize, u32)>,
     waiting: VecDeque<Waiting>,
@@ -305,14 +306,14 @@ impl<D: Device> Engine<D> {
             peers: BTreeMap::new(),
             conns: Slab::new(),
             next_gen: 1,
-            by_cm: HashMap::new(),
-            by_qpn: HashMap::new(),
-            by_cq_fd: HashMap::new(),
+            by_cm: FastMap::default(),
+            by_qpn: FastMap::default(),
+            by_cq_fd: FastMap::default(),
             signalled: Vec::new(),
             txs: Slab::new(),
             slots: SlotPool::new(ntx),
             msgs,
-            cookies: HashMap::new(),
+            cookies: FastMap::default(),
             next_cookie,
             deadlines: BTreeSet::new(),
             waiting: VecDeque::new(),

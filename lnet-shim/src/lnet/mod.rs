@@ -61,8 +61,9 @@ mod recv;
 mod send;
 mod stats;
 
+use crate::hash::FastMap;
+use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
@@ -292,9 +293,9 @@ struct State {
     phase: Phase,
     table: PortalTable,
     /// MDs by id (the id is the [`MdHandle`] cookie and the wire handle's object cookie).
-    mds: HashMap<u64, MdRecord>,
+    mds: FastMap<u64, MdRecord>,
     next_md: u64,
-    msgs: HashMap<u64, Msg>,
+    msgs: FastMap<u64, Msg>,
     next_token: u64,
     nis: Vec<Ni>,
 }
@@ -357,9 +358,9 @@ impl Lnet {
                 cookie,
                 phase: Phase::Running,
                 table: PortalTable::new(config.portals),
-                mds: HashMap::new(),
+                mds: FastMap::default(),
                 next_md: 1,
-                msgs: HashMap::new(),
+                msgs: FastMap::default(),
                 next_token: 1,
                 nis: Vec::new(),
             }),

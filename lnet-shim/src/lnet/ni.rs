@@ -7,7 +7,8 @@
 //! credit to the head of the peer's queue, which then tries for an NI credit. FIFO order is kept
 //! per queue: a message never overtakes one waiting in the same queue.
 
-use std::collections::{HashMap, VecDeque};
+use crate::hash::FastMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::stats::{DropCounts, MsgCounters, NiStatus};
@@ -52,7 +53,7 @@ pub(super) struct Ni {
     pub(super) min: i64,
     pub(super) queue: VecDeque<u64>,
     pub(super) peer_credits_max: u32,
-    pub(super) peers: HashMap<Nid, PeerCredits>,
+    pub(super) peers: FastMap<Nid, PeerCredits>,
     pub(super) counters: MsgCounters,
     pub(super) drops: DropCounts,
 }
@@ -68,7 +69,7 @@ impl Ni {
             min: i64::from(credits),
             queue: VecDeque::new(),
             peer_credits_max: peer_credits,
-            peers: HashMap::new(),
+            peers: FastMap::default(),
             counters: MsgCounters::default(),
             drops: DropCounts::default(),
         }

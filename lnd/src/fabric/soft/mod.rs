@@ -51,8 +51,9 @@ pub mod ring;
 pub mod sim;
 pub mod wire;
 
+use lnet_shim::hash::FastMap;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::net::Ipv4Addr;
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -278,7 +279,8 @@ struct QpEntry {
 struct DevState {
     wire: FaultyWire,
     mrs: MrTable,
-    qps: HashMap<u32, QpEntry>,
+    /// Boxed: [`SoftQp::with`] takes an entry out of the table and puts it back.
+    qps: FastMap<u32, Box<QpEntry>>,
     next_qpn: u32,
     pds: u32,
     next_pd: u32,
@@ -417,7 +419,7 @@ impl SoftDevice {
         let state = DevState {
             wire: FaultyWire::new(wire, config.faults, fault_seed),
             mrs: MrTable::new(l.max_mr),
-            qps: HashMap::new(),
+            qps: FastMap::default(),
             next_qpn: first_qpn,
             pds: 0,
             next_pd: 1,
@@ -858,14 +860,14 @@ impl Device for SoftDevice {
         let rc = RcQp::new(qpn, pd.handle, caps, attr.sq_sig_all, self.shared.max_inflight);
         s.qps.insert(
             qpn,
-            QpEntry {
+            Box::new(QpEntry {
                 rc,
                 send_cq: send_cq.shared.clone(),
                 recv_cq: recv_cq.shared.clone(),
                 wqes,
                 in_ready: false,
                 timer: None,
-            },
+            }),
         );
         Ok(SoftQp { shared: self.shared.clone(), qpn, caps })
     }

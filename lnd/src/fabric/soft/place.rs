@@ -89,7 +89,7 @@
 //! Not placed: inline WRITEs (their data already sits in the work request), zero-length WRITEs,
 //! and anything to a port on another host.
 
-use std::collections::HashMap;
+use lnet_shim::hash::FastMap;
 use std::net::Ipv4Addr;
 
 use std::time::Duration;
@@ -306,9 +306,9 @@ pub(crate) struct Placement {
     mode: SingleCopy,
     own: Option<LocalPeer>,
     /// Requester side: destinations and whether WRITEs to them are placed.
-    routes: HashMap<Ipv4Addr, bool>,
+    routes: FastMap<Ipv4Addr, bool>,
     /// Responder side: sources and their processes.
-    senders: HashMap<Ipv4Addr, Sender>,
+    senders: FastMap<Ipv4Addr, Sender>,
     /// When departed senders were last looked for.
     checked: Instant,
     /// Test hook: the next copies fail with this errno.
@@ -321,8 +321,8 @@ impl Placement {
             name: name.to_owned(),
             mode,
             own,
-            routes: HashMap::new(),
-            senders: HashMap::new(),
+            routes: FastMap::default(),
+            senders: FastMap::default(),
             checked: Instant::ZERO,
             forced_errno: None,
         }

@@ -6,7 +6,7 @@
 //! delay or corrupt frames. Everything is non-blocking; `now` is passed in so the simulated wire
 //! and delayed frames need no clock of their own.
 
-use std::collections::HashMap;
+use lnet_shim::hash::FastMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
@@ -126,7 +126,7 @@ pub struct UdpWire {
     drained: bool,
     registry: Option<registry::Entry>,
     /// Same-host rings ([`super::ring`]): ours to each destination, and theirs to us.
-    rings_tx: HashMap<Ipv4Addr, TxRoute>,
+    rings_tx: FastMap<Ipv4Addr, TxRoute>,
     rings_rx: Vec<(Ipv4Addr, u16, RingRx)>,
     rx_next: usize,
     ring_stats: RingStats,
@@ -189,7 +189,7 @@ impl UdpWire {
             edge_driven: false,
             drained: false,
             registry: None,
-            rings_tx: HashMap::new(),
+            rings_tx: FastMap::default(),
             rings_rx: Vec::new(),
             rx_next: 0,
             ring_stats: RingStats::default(),
