@@ -806,13 +806,16 @@ impl<D: Device> Engine<D> {
             dststamp: conn.peer_incarnation,
         };
         let off = tx.slot as usize * IBLND_MSG_SIZE;
-        let mut head = [0u8; IBLND_MSG_SIZE];
         let nob = tx.nob as usize;
-        let msg = head.get_mut(..nob).ok_or(FabricError::InvalidArgument { what: "message size" })?;
-        let _ = self.msgs.buf().read(off, msg);
-        crate::wire::pack_header(msg, &hdr, self.cfg.tunables.cksum)
+        let msg = self.scratch.get_mut(..nob).ok_or(FabricError::InvalidArgument { what: "message size" })?;
+        // Without a checksum only the header is written (`pack_header`'s contract): the body
+        // stays where `build_*` put it, and only the 48 header bytes go back and forth.
+        let cksum = self.cfg.tunables.cksum;
+        let touched = if cksum { nob } else { crate::wire::MSG_HDR_SIZE.min(nob) };
+        let _ = self.msgs.buf().read(off, msg.get_mut(..touched).unwrap_or_default());
+        crate::wire::pack_header(msg, &hdr, cksum)
             .map_err(|_| FabricError::InvalidArgument { what: "message header" })?;
-        let _ = self.msgs.buf().write(off, msg);
+        let _ = self.msgs.buf().write(off, msg.get(..touched).unwrap_or_default());
         let send_sge = [self.msgs.sge(off, tx.nob)];
         let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(tx.rdma.len() + 1);
         let rdma_id = tx::wr_id(WrKind::Rdma, tx.generation, txk as u32);
