@@ -126,11 +126,12 @@
     deny(clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
-use lnet_shim::hash::FastMap;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::time::Duration;
+
+use lnet_shim::hash::FastMap;
 
 use super::ip_cm::{CmaHeader, REQ_CONSUMER_DATA_LEN, req_private_data, split_req_private_data};
 use super::mad::{

@@ -25,7 +25,6 @@
 
 pub mod shard;
 
-use lnet_shim::hash::FastMap;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +35,7 @@ use std::time::Duration;
 
 use crossbeam_queue::SegQueue;
 use lnet_shim::event::Errno;
+use lnet_shim::hash::FastMap;
 use lnet_shim::lnd::{Health, Lnd, LndError, LndSend, LndUpcalls, PeerInfo};
 use lnet_shim::nid::Nid;
 use mio::unix::SourceFd;

@@ -27,13 +27,13 @@ pub use send::validate_send;
 mod tests;
 pub(crate) mod tx;
 
-use lnet_shim::hash::FastMap;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use lnet_shim::event::Errno;
+use lnet_shim::hash::FastMap;
 use lnet_shim::lnd::{Health, LndError, LndSend, LndUpcalls, PeerInfo, SendStatus};
 use lnet_shim::nid::Nid;
 use slab::Slab;

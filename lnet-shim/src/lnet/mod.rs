@@ -61,7 +61,6 @@ mod recv;
 mod send;
 mod stats;
 
-use crate::hash::FastMap;
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -74,6 +73,7 @@ pub use networks::{NetworkSpec, NetworksError, parse_networks, resolve_nid};
 pub use stats::{DropCounts, LnetStats, MsgCounters, NiStats, NiStatus, PeerStats};
 
 use crate::event::{Errno, Event, EventKind, EventSink};
+use crate::hash::FastMap;
 use crate::hdr::{LnetHdr, WireHandle};
 use crate::lnd::{Frag, Health, Lnd, LndError, LndSend, LndUpcalls};
 use crate::matching::{DEFAULT_PORTALS, MatchEntry, MatchError, MdHandle, MeHandle, PortalTable, Unlink};

@@ -7,11 +7,11 @@
 //! credit to the head of the peer's queue, which then tries for an NI credit. FIFO order is kept
 //! per queue: a message never overtakes one waiting in the same queue.
 
-use crate::hash::FastMap;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::stats::{DropCounts, MsgCounters, NiStatus};
+use crate::hash::FastMap;
 use crate::lnd::Lnd;
 use crate::nid::Nid;
 

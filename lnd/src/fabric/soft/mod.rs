@@ -51,12 +51,13 @@ pub mod ring;
 pub mod sim;
 pub mod wire;
 
-use lnet_shim::hash::FastMap;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::net::Ipv4Addr;
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use lnet_shim::hash::FastMap;
 
 pub use cq::SoftCq;
 pub use fault::{DirFaults, FaultConfig, FaultStats};

@@ -89,10 +89,10 @@
 //! Not placed: inline WRITEs (their data already sits in the work request), zero-length WRITEs,
 //! and anything to a port on another host.
 
-use lnet_shim::hash::FastMap;
 use std::net::Ipv4Addr;
-
 use std::time::Duration;
+
+use lnet_shim::hash::FastMap;
 
 use super::mem::{self, MemFault, MrTable, PlaceFault};
 use super::peer_arena::PeerArena;

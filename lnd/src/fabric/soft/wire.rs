@@ -6,11 +6,12 @@
 //! delay or corrupt frames. Everything is non-blocking; `now` is passed in so the simulated wire
 //! and delayed frames need no clock of their own.
 
-use lnet_shim::hash::FastMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
+
+use lnet_shim::hash::FastMap;
 
 use super::place::LocalPeer;
 use super::registry;
