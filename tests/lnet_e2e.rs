@@ -35,8 +35,12 @@ impl Node {
 
     /// A node with `nscheds` scheduler threads (0: automatic).
     fn start_with(addr: &str, port: u16, nscheds: u32) -> Node {
+        Node::start_tuned(addr, port, Tunables { nscheds, ..Tunables::default() })
+    }
+
+    /// A node with these tunables.
+    fn start_tuned(addr: &str, port: u16, mut tunables: Tunables) -> Node {
         let nid: Nid = format!("{addr}@o2ib").parse().unwrap();
-        let mut tunables = Tunables { nscheds, ..Tunables::default() };
         tunables.finalize().unwrap();
         let (credits, peer_credits) = (tunables.credits, tunables.peer_credits);
         let config = DriverConfig {
@@ -323,4 +327,69 @@ fn two_schedulers_share_the_peers_of_one_interface() {
         "two schedulers: connections per scheduler {conns:?}, {} messages received",
         total.engine.rx_msgs
     );
+}
+
+/// Completion-channel notifications on both nodes' devices so far.
+fn notifications(a: &Node, b: &Node) -> u64 {
+    [a, b].iter().map(|n| n.driver.stats().expect("the scheduler answers").fabric.cq_notifications).sum()
+}
+
+/// Sends `count` PUTs with ACK from `a` to `b`, one at a time, each waited for.
+fn ping_pong(a: &Node, b: &Node, bits: u64, count: usize) {
+    let (qa, qb) = (EventQueue::new(8), EventQueue::new(8));
+    let md = Md::contiguous(Arc::new(Buffer::new(64)))
+        .with_options(MdOptions::OP_PUT | MdOptions::MANAGE_REMOTE)
+        .with_threshold(Threshold::Infinite)
+        .with_events(qb.clone());
+    b.lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, bits), md, Unlink::Retain).unwrap();
+    for i in 0..count {
+        let h = bind(a, buf(&pattern(i as u64, 64)), 2, &qa);
+        a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, bits, 0, 0).unwrap();
+        assert_eq!(next(&qb).kind, EventKind::Put);
+        let (send, ack) = (next(&qa), next(&qa));
+        assert_eq!(
+            (send.kind, send.status, ack.kind, ack.status),
+            (EventKind::Send, Ok(()), EventKind::Ack, Ok(()))
+        );
+    }
+}
+
+/// `busy_poll_usec` and the CQs: a scheduler that never spins takes every completion through
+/// an armed CQ's notification; one that spins polls its busy CQs unarmed and takes almost
+/// none; and one whose spin ran out armed its CQs before sleeping, so the next message after
+/// a quiet spell comes through a notification (which is what wakes a sleeping scheduler).
+#[test]
+fn busy_polled_cqs_take_no_notifications_and_are_armed_before_sleeping() {
+    const N: usize = 200;
+    let start = |offset: u16, busy_poll_usec: u32| {
+        let port = unique_port(offset);
+        let t = || Tunables { busy_poll_usec, ..Tunables::default() };
+        (Node::start_tuned("127.0.0.1", port, t()), Node::start_tuned("127.0.0.2", port, t()))
+    };
+    let (a, b) = start(5, 0);
+    ping_pong(&a, &b, 1, 1);
+    let before = notifications(&a, &b);
+    ping_pong(&a, &b, 2, N);
+    let never_spinning = notifications(&a, &b) - before;
+    drop((a, b));
+
+    let (a, b) = start(6, 20_000);
+    ping_pong(&a, &b, 1, 1);
+    let before = notifications(&a, &b);
+    ping_pong(&a, &b, 2, N);
+    let spinning = notifications(&a, &b) - before;
+    println!("{N} PUTs with ACK: {never_spinning} CQ notifications never spinning, {spinning} spinning");
+    assert!(never_spinning >= N as u64, "{never_spinning} notifications for {N} PUTs without spinning");
+    assert!(spinning * 10 < never_spinning, "spinning: {spinning}, never spinning: {never_spinning}");
+    for round in 0..3 {
+        // Idle for longer than the 20 ms spin, then one more exchange.
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "idle time is this test's input (the schedulers are to go to sleep), not a wait for a condition"
+        )]
+        std::thread::sleep(Duration::from_millis(100));
+        let before = notifications(&a, &b);
+        ping_pong(&a, &b, 3 + round, 1);
+        assert!(notifications(&a, &b) > before, "round {round}: no CQ was armed when the schedulers slept");
+    }
 }
