@@ -15,6 +15,7 @@
 //! guess a live key from stale ones, and a deregistered key never matches again until its slot
 //! has been registered 65,536 more times. (An HCA's 8-bit key variant is a plain counter.)
 
+use super::copier::{Copier, Seg};
 use crate::fabric::Access;
 use crate::rng::Rng;
 
@@ -211,23 +212,28 @@ impl MrTable {
         addr: u64,
         len: u64,
         sources: &[(*const u8, u64)],
+        copier: &mut Copier,
     ) -> Result<(), MemFault> {
         let ulen = usize::try_from(len).map_err(|_| MemFault::Range)?;
         self.check(pd, key, addr, ulen, Access::REMOTE_WRITE)?;
         let mut done = 0usize;
+        let mut segs = Vec::with_capacity(sources.len());
         for &(src, n) in sources {
             let n = usize::try_from(n).map_err(|_| MemFault::Range)?;
             let end = done.checked_add(n).filter(|&e| e <= ulen).ok_or(MemFault::Range)?;
-            // SAFETY: `check` found a live region containing addr..addr+len, valid for writes
-            // while registered, and deregistration needs the device lock our caller holds;
-            // done..end lies inside it (checked just above). The source is readable for `n`
-            // bytes (the caller's promise) and in another mapping, so they do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(src, (addr as usize as *mut u8).add(done), n) };
+            // done..end lies inside addr..addr+len (checked just above).
+            segs.push(Seg { src, dst: (addr as usize as *mut u8).wrapping_add(done), len: n });
             done = end;
         }
         if done != ulen {
             return Err(MemFault::Range);
         }
+        // SAFETY: `check` found a live region containing addr..addr+len, valid for writes
+        // while registered, and deregistration needs the device lock our caller holds for the
+        // whole call; every destination lies inside it and they do not overlap (consecutive
+        // ranges). Each source is readable for its length (the caller's promise) and in
+        // another mapping, so no source overlaps a destination.
+        unsafe { copier.copy(&segs) };
         Ok(())
     }
 

@@ -38,6 +38,8 @@
 //! receives frames, runs the transport and timers, and transmits. The device never spawns a
 //! thread and never reads a clock.
 
+pub mod copier;
+pub use copier::CopyHelper;
 pub mod cq;
 pub mod fault;
 pub(crate) mod live;
@@ -140,6 +142,10 @@ pub struct SoftConfig {
     /// Whether RDMA WRITEs to ports on the same host move with one copy ([`place`]). The
     /// default is [`SingleCopy::from_env`]: `Auto` unless `LND_SOFT_SINGLE_COPY=0`.
     pub single_copy: SingleCopy,
+    /// Whether the same-host path copies large WRITEs (256 KiB and up) on two cores, with a
+    /// helper thread the device starts on first use (its copy engine, [`copier`]). The
+    /// default: [`CopyHelper::for_this_machine`].
+    pub copy_helper: CopyHelper,
 }
 
 impl Default for SoftConfig {
@@ -153,6 +159,7 @@ impl Default for SoftConfig {
             max_inflight: 256,
             udp_port: packet::ROCEV2_UDP_PORT,
             single_copy: SingleCopy::from_env(),
+            copy_helper: CopyHelper::for_this_machine(),
         }
     }
 }
@@ -416,7 +423,7 @@ impl SoftDevice {
             addr: PortAddr::from_ipv4(ip),
         };
         let first_qpn = 2 + (rng.next_u32() & 0x7f_ffff);
-        let place = Placement::new(&config.name, config.single_copy, wire.local_peer());
+        let place = Placement::new(&config.name, config.single_copy, wire.local_peer(), config.copy_helper);
         let state = DevState {
             wire: FaultyWire::new(wire, config.faults, fault_seed),
             mrs: MrTable::new(l.max_mr),
@@ -962,6 +969,7 @@ impl Device for SoftDevice {
             ring_frames_received: r.received,
             ring_doorbells: r.doorbells,
             ring_full: r.full,
+            placed_split: s.place.copies_split(),
             ..s.stats
         }
     }

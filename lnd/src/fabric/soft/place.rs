@@ -94,6 +94,7 @@ use std::time::Duration;
 
 use lnet_shim::hash::FastMap;
 
+use super::copier::{Copier, CopyHelper};
 use super::mem::{self, MemFault, MrTable, PlaceFault};
 use super::peer_arena::PeerArena;
 use super::wire::Wire;
@@ -313,10 +314,17 @@ pub(crate) struct Placement {
     checked: Instant,
     /// Test hook: the next copies fail with this errno.
     forced_errno: Option<i32>,
+    /// Copies from mapped arenas, large ones on two cores.
+    copier: Copier,
 }
 
 impl Placement {
-    pub(crate) fn new(name: &str, mode: SingleCopy, own: Option<LocalPeer>) -> Placement {
+    pub(crate) fn new(
+        name: &str,
+        mode: SingleCopy,
+        own: Option<LocalPeer>,
+        copy_helper: CopyHelper,
+    ) -> Placement {
         Placement {
             name: name.to_owned(),
             mode,
@@ -325,7 +333,13 @@ impl Placement {
             senders: FastMap::default(),
             checked: Instant::ZERO,
             forced_errno: None,
+            copier: Copier::new(copy_helper),
         }
+    }
+
+    /// Placed WRITEs whose copy the copy engine's helper thread shared.
+    pub(crate) fn copies_split(&self) -> u64 {
+        self.copier.helped()
     }
 
     pub(crate) fn force_errno(&mut self, errno: Option<i32>) {
@@ -378,6 +392,7 @@ impl Placement {
         let peer = *peer;
         let forced = self.forced_errno;
         let map = self.mode == SingleCopy::Auto;
+        let copier = &mut self.copier;
         // The copy, then the liveness word: Ok(how it was copied, the word as read).
         let copied = (|| {
             if let Some(errno) = forced {
@@ -388,7 +403,8 @@ impl Placement {
                 Some((_, sources)) => {
                     // SAFETY: every source was found wholly inside the sender's arena mapping,
                     // which lives in `self.senders` for the whole call.
-                    unsafe { mem.write_from_sources(pd, rkey, va, len, sources) }.map_err(PlaceFault::Mem)?;
+                    unsafe { mem.write_from_sources(pd, rkey, va, len, sources, copier) }
+                        .map_err(PlaceFault::Mem)?;
                     Copied::Mapped
                 }
                 None => {
