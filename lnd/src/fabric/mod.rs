@@ -82,8 +82,8 @@ pub struct FabricStats {
     /// Of those placed WRITEs, the ones copied by `memcpy` from the requester's mapped buffer
     /// arena (no system call); the others used `process_vm_readv`.
     pub placed_mapped: u64,
-    /// Of those mapped copies, the ones (256 KiB and up) the device's copy engine split with
-    /// its helper thread, half on each core.
+    /// Of those mapped copies, the ones (256 KiB and up) the device's copy engine shared with
+    /// its helper thread, on another core.
     pub placed_split: u64,
     /// Placement requests refused (sent or received `PlacementRefused`): the WRITE went by the
     /// wire instead.

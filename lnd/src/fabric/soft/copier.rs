@@ -3,21 +3,23 @@
 //! A placed RDMA WRITE is one `memcpy` from the requester's mapped arena into the responder's
 //! registered memory, made by the responder's scheduler thread (under the device lock, before
 //! the WRITE is acknowledged). For large WRITEs that copy is most of that thread's work, while
-//! another core may sit idle. A [`Copier`] is the device's copy engine: one helper thread,
-//! started on first use, that takes the second half of every copy of at least
-//! [`SPLIT_MIN`] bytes while the caller copies the first.
+//! another core may have time to spare. A [`Copier`] is the device's copy engine: one helper
+//! thread, started on first use, that shares every copy of at least [`SPLIT_MIN`] bytes. The
+//! copy is cut into [`CHUNK`]-byte chunks, and the caller and the helper each claim the next
+//! chunk until none is left, so the work divides itself by how much time each has.
 //!
 //! The contract is a plain synchronous copy: [`Copier::copy`] returns when every byte is in
 //! place, so RC ordering, the protection checks made before it and the lifetime of the memory
-//! involved are exactly those of a `memcpy` on the calling thread. The helper never blocks the
-//! caller: if it has not picked the half up by the time the caller finishes its own half (it
-//! is asleep, or its core is busy), the caller takes the half back and copies it too. Only a
-//! half the helper has already started is waited for, and that wait is one half-copy long.
+//! involved are exactly those of a `memcpy` on the calling thread. The helper never holds the
+//! caller up for long: it joins a job only by claiming it while it is still open, and a job
+//! it has not joined by the time the caller has claimed every chunk is closed and finished
+//! by the caller alone. Once joined, the caller waits only for the chunk the helper is
+//! copying.
 //!
 //! Idle costs nothing: after a job the helper looks for the next for [`HELPER_SPIN`], yielding
 //! the CPU, then parks until the next large copy unparks it.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
@@ -26,8 +28,12 @@ use crate::clock::Clock;
 
 /// Copies smaller than this stay on the calling thread (waking the helper costs more).
 pub const SPLIT_MIN: usize = 256 << 10;
+/// The unit of work the caller and the helper claim.
+pub const CHUNK: usize = 64 << 10;
 /// How long the helper keeps looking for the next job before it parks.
 const HELPER_SPIN: Duration = Duration::from_micros(50);
+/// While it looks, how often the helper yields the CPU.
+const YIELD_EVERY: Duration = Duration::from_micros(5);
 
 const IDLE: u8 = 0;
 const POSTED: u8 = 1;
@@ -39,13 +45,13 @@ const DONE: u8 = 3;
 pub enum CopyHelper {
     /// Every copy on the responder's thread.
     Off,
-    /// Large copies split with the helper thread when it is free to take its half in time
-    /// (the default, on machines with more than one CPU).
+    /// Large copies shared with the helper thread as far as it has time (the default, on
+    /// machines with more than one CPU).
     #[default]
     Auto,
-    /// Every large copy split, the caller waiting for the helper to take its half even when
-    /// copying alone would be quicker: for tests of the split path, which must not depend on
-    /// how the OS schedules the helper.
+    /// Every large copy made by the helper, the caller waiting for it even when copying
+    /// alone would be quicker: for tests of the helper's path, which must not depend on how
+    /// the OS schedules the helper.
     Always,
 }
 
@@ -85,11 +91,14 @@ impl Seg {
 
 #[derive(Debug)]
 struct Shared {
+    /// IDLE, POSTED (open for the helper to join), TAKEN (joined), DONE (the helper is out).
     state: AtomicU8,
-    /// The helper's half of the posted job.
+    /// The posted job's pieces.
     job: Mutex<Vec<Seg>>,
+    /// The next chunk of the posted job to claim.
+    next: AtomicUsize,
     stop: AtomicBool,
-    /// Halves the helper copied.
+    /// Jobs the helper copied a chunk of.
     helped: AtomicU64,
 }
 
@@ -98,8 +107,6 @@ struct Shared {
 pub(crate) struct Copier {
     shared: Arc<Shared>,
     helper: Option<(Thread, JoinHandle<()>)>,
-    /// The caller's half (reused).
-    mine: Vec<Seg>,
     mode: CopyHelper,
 }
 
@@ -110,16 +117,16 @@ impl Copier {
             shared: Arc::new(Shared {
                 state: AtomicU8::new(IDLE),
                 job: Mutex::new(Vec::new()),
+                next: AtomicUsize::new(0),
                 stop: AtomicBool::new(false),
                 helped: AtomicU64::new(0),
             }),
             helper: None,
-            mine: Vec::new(),
             mode,
         }
     }
 
-    /// Halves the helper thread copied so far.
+    /// Copies the helper thread took part in so far.
     pub(crate) fn helped(&self) -> u64 {
         self.shared.helped.load(Ordering::Relaxed)
     }
@@ -138,35 +145,26 @@ impl Copier {
             }
             return;
         };
-        // Split at the middle byte: the caller takes the first half, the helper the second.
-        let mut mine = std::mem::take(&mut self.mine);
-        mine.clear();
+        let chunks = total.div_ceil(CHUNK);
         {
-            let mut theirs = self.shared.job.lock().unwrap_or_else(PoisonError::into_inner);
-            theirs.clear();
-            split(segs, total / 2, &mut mine, &mut theirs);
+            let mut job = self.shared.job.lock().unwrap_or_else(PoisonError::into_inner);
+            job.clear();
+            job.extend_from_slice(segs);
         }
+        self.shared.next.store(0, Ordering::Relaxed);
         self.shared.state.store(POSTED, Ordering::Release);
         helper.unpark();
-        for s in &mine {
-            // SAFETY: a part of one of the caller's pieces.
-            unsafe { s.run() };
-        }
-        self.mine = mine;
         if self.mode == CopyHelper::Always {
+            // The helper joins and takes what it can before the caller claims anything.
             wait_while(&self.shared.state, POSTED);
+            wait_while(&self.shared.state, TAKEN);
         }
+        // SAFETY: chunks of the caller's pieces; a chunk is claimed once, by one thread.
+        unsafe { claim_chunks(&self.shared.next, segs, chunks) };
         match self.shared.state.compare_exchange(POSTED, IDLE, Ordering::AcqRel, Ordering::Acquire) {
-            // Not picked up: ours again.
-            Ok(_) => {
-                let theirs = self.shared.job.lock().unwrap_or_else(PoisonError::into_inner);
-                for s in theirs.iter() {
-                    // SAFETY: a part of one of the caller's pieces, which the helper never
-                    // started (it can only take the job from POSTED).
-                    unsafe { s.run() };
-                }
-            }
-            // Taken: the helper is copying; wait for it (one half-copy at most).
+            // Never joined: closed now, before the helper could touch any piece.
+            Ok(_) => {}
+            // Joined: every chunk is claimed; wait for the helper's last one.
             Err(_) => {
                 wait_while(&self.shared.state, TAKEN);
                 self.shared.state.store(IDLE, Ordering::Release);
@@ -217,53 +215,83 @@ fn wait_while(state: &AtomicU8, value: u8) {
     }
 }
 
-/// Splits `segs` at byte `at`: the bytes before it go to `first`, the rest to `second`.
-fn split(segs: &[Seg], at: usize, first: &mut Vec<Seg>, second: &mut Vec<Seg>) {
-    let mut offset = 0usize;
-    for s in segs {
-        let end = offset.saturating_add(s.len);
-        if end <= at {
-            first.push(*s);
-        } else if offset >= at {
-            second.push(*s);
-        } else {
-            let head = at - offset;
-            first.push(Seg { len: head, ..*s });
-            // `head < s.len`, so both pointers stay inside the piece.
-            second.push(Seg {
-                src: s.src.wrapping_add(head),
-                dst: s.dst.wrapping_add(head),
-                len: s.len - head,
-            });
+/// Claims chunks of `segs` from `next` and copies them until all `chunks` are claimed;
+/// returns how many this thread copied.
+///
+/// # Safety
+/// As for [`Copier::copy`], for as long as any thread may still claim a chunk.
+unsafe fn claim_chunks(next: &AtomicUsize, segs: &[Seg], chunks: usize) -> usize {
+    let mut copied = 0;
+    loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        if i >= chunks {
+            return copied;
         }
-        offset = end;
+        let start = i.saturating_mul(CHUNK);
+        // SAFETY: the caller's promise; `copy_range` stays inside the pieces.
+        unsafe { copy_range(segs, start, start.saturating_add(CHUNK)) };
+        copied += 1;
     }
 }
 
-/// The helper thread: takes posted halves until the copier goes.
+/// Copies bytes `start..end` of the concatenation of `segs` (clipped to its length).
+///
+/// # Safety
+/// As for [`Copier::copy`].
+unsafe fn copy_range(segs: &[Seg], start: usize, end: usize) {
+    let mut offset = 0usize;
+    for s in segs {
+        let (lo, hi) = (offset, offset.saturating_add(s.len));
+        offset = hi;
+        if hi <= start {
+            continue;
+        }
+        if lo >= end {
+            return;
+        }
+        let from = start.max(lo) - lo;
+        let to = end.min(hi) - lo;
+        // `from < to <= s.len`: a part of the piece.
+        let part = Seg { src: s.src.wrapping_add(from), dst: s.dst.wrapping_add(from), len: to - from };
+        // SAFETY: inside a piece the caller vouched for.
+        unsafe { part.run() };
+    }
+}
+
+/// The helper thread: joins posted jobs until the copier goes.
 fn helper(shared: &Shared) {
     let clock = Clock::new();
     let mut last_job = clock.now();
+    let mut last_yield = last_job;
     loop {
         if shared.stop.load(Ordering::Acquire) {
             return;
         }
         if shared.state.compare_exchange(POSTED, TAKEN, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            {
+            let copied = {
                 let job = shared.job.lock().unwrap_or_else(PoisonError::into_inner);
-                for s in job.iter() {
-                    // SAFETY: the poster waits in `Copier::copy` until DONE, keeping its
-                    // promise about these pieces for that long.
-                    unsafe { s.run() };
-                }
+                let total = job.iter().map(|s| s.len).fold(0, usize::saturating_add);
+                // SAFETY: the poster waits in `Copier::copy` until this job is DONE, keeping
+                // its promise about these pieces for that long; chunks are claimed once.
+                unsafe { claim_chunks(&shared.next, &job, total.div_ceil(CHUNK)) }
+            };
+            if copied > 0 {
+                shared.helped.fetch_add(1, Ordering::Relaxed);
             }
-            shared.helped.fetch_add(1, Ordering::Relaxed);
             shared.state.store(DONE, Ordering::Release);
             last_job = clock.now();
             continue;
         }
-        if clock.now().saturating_duration_since(last_job) < HELPER_SPIN {
-            std::thread::yield_now();
+        let now = clock.now();
+        if now.saturating_duration_since(last_job) < HELPER_SPIN {
+            // Look at memory only, and give the CPU to any other runnable thread every
+            // YIELD_EVERY (a yield per look would make the helper join late).
+            if now.saturating_duration_since(last_yield) < YIELD_EVERY {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+                last_yield = now;
+            }
         } else {
             // Unparked by the next post (or by drop); a token left by an earlier unpark only
             // makes this return at once.
@@ -310,10 +338,9 @@ mod tests {
         }
     }
 
-    /// `Always`: the helper copies the second half of every large copy, and nothing of a
-    /// small one.
+    /// `Always`: the helper takes part in every large copy, and in no small one.
     #[test]
-    fn the_helper_takes_the_second_half_of_large_copies() {
+    fn the_helper_takes_part_in_every_large_copy_when_waited_for() {
         let mut copier = Copier::new(CopyHelper::Always);
         let src: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
         let mut dst = vec![0u8; 4 << 20];
@@ -331,19 +358,23 @@ mod tests {
         assert_eq!(copier.helped(), 50, "a copy below SPLIT_MIN stays on the caller");
     }
 
+    /// Chunk boundaries inside and across pieces: every byte of a range, nothing outside.
     #[test]
-    fn split_cuts_one_piece_at_the_byte() {
-        let src = [0u8; 10];
-        let mut dst = [0u8; 10];
-        let a = Seg { src: src.as_ptr(), dst: dst.as_mut_ptr(), len: 4 };
-        let b = Seg { src: src[4..].as_ptr(), dst: dst[4..].as_mut_ptr(), len: 6 };
-        let (mut first, mut second) = (Vec::new(), Vec::new());
-        split(&[a, b], 7, &mut first, &mut second);
-        assert_eq!(first.iter().map(|s| s.len).collect::<Vec<_>>(), vec![4, 3]);
-        assert_eq!(second.iter().map(|s| s.len).collect::<Vec<_>>(), vec![3]);
-        assert_eq!(second[0].src, src[7..].as_ptr());
-        let (mut first, mut second) = (Vec::new(), Vec::new());
-        split(&[a, b], 4, &mut first, &mut second);
-        assert_eq!((first.len(), second.len()), (1, 1));
+    fn copy_range_copies_exactly_the_range_across_pieces() {
+        let src: Vec<u8> = (1..=100).collect();
+        for (start, end) in [(0, 100), (0, 7), (3, 4), (4, 10), (9, 61), (60, 100), (99, 200), (100, 150)] {
+            let mut dst = [0u8; 100];
+            let cuts = [0usize, 4, 10, 60, 100];
+            let segs: Vec<Seg> = cuts
+                .windows(2)
+                .map(|w| Seg { src: src[w[0]..].as_ptr(), dst: dst[w[0]..].as_mut_ptr(), len: w[1] - w[0] })
+                .collect();
+            // SAFETY: the pieces cover `src` and `dst` exactly, two distinct live vectors.
+            unsafe { copy_range(&segs, start, end) };
+            for (i, &b) in dst.iter().enumerate() {
+                let want = if (start..end).contains(&i) { src[i] } else { 0 };
+                assert_eq!(b, want, "range {start}..{end}, byte {i}");
+            }
+        }
     }
 }
