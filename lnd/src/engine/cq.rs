@@ -61,21 +61,25 @@ impl<D: Device> Engine<D> {
 
     /// Drains the CQs that were signalled and those being polled.
     pub(super) fn reap_completions(&mut self, now: Instant) {
-        let mut keys: Vec<usize> = if self.poll_all_cqs {
+        // A list kept between polls: a spinning scheduler reaps on every turn.
+        let mut keys = std::mem::take(&mut self.reap_keys);
+        keys.clear();
+        if self.poll_all_cqs {
             self.cq_ready.clear();
-            self.conns.iter().map(|(k, _)| k).collect()
+            keys.extend(self.conns.iter().map(|(k, _)| k));
         } else {
-            self.cq_ready.drain(..).collect()
-        };
+            keys.extend(self.cq_ready.drain(..));
+        }
         keys.append(&mut self.polled);
         keys.sort_unstable();
         keys.dedup();
-        for key in keys {
+        for &key in &keys {
             if let Some(conn) = self.conns.get_mut(key) {
                 conn.cq_polled = false;
             }
             self.drain_cq(now, key);
         }
+        self.reap_keys = keys;
     }
 
     /// Drains a CQ, then either keeps it polled or re-arms it and drains again.

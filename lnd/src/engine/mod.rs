@@ -249,6 +249,8 @@ pub struct Engine<D: Device> {
     polled: Vec<usize>,
     /// How long a CQ stays polled after its last completion ([`Engine::set_cq_poll_window`]).
     cq_poll_window: Duration,
+    /// The CQs one `reap_completions` drains (kept to reuse its allocation).
+    reap_keys: Vec<usize>,
     fd_changes: Vec<FdChange>,
     dirty: BTreeSet<usize>,
     next_scan: Instant,
@@ -321,6 +323,7 @@ impl<D: Device> Engine<D> {
             poll_all_cqs: false,
             polled: Vec::new(),
             cq_poll_window: Duration::ZERO,
+            reap_keys: Vec::new(),
             fd_changes: Vec::new(),
             dirty: BTreeSet::new(),
             next_scan: Instant::ZERO,
@@ -789,7 +792,7 @@ impl<D: Device> Engine<D> {
 
     /// Packs the header (with the credits it returns) and posts the RDMA WRITEs and the SEND.
     fn post_tx(&mut self, now: Instant, key: usize, txk: usize, credits: u32) -> Result<(), FabricError> {
-        use crate::fabric::{SendFlags, SendOp, SendWr, Sge};
+        use crate::fabric::{SendFlags, SendOp, SendWr};
         let Some(conn) = self.conns.get_mut(key) else {
             return Err(FabricError::NotFound { what: "connection" });
         };
@@ -817,24 +820,29 @@ impl<D: Device> Engine<D> {
             .map_err(|_| FabricError::InvalidArgument { what: "message header" })?;
         let _ = self.msgs.buf().write(off, msg.get(..touched).unwrap_or_default());
         let send_sge = [self.msgs.sge(off, tx.nob)];
-        let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(tx.rdma.len() + 1);
-        let rdma_id = tx::wr_id(WrKind::Rdma, tx.generation, txk as u32);
-        let sges: Vec<&[Sge]> = tx.rdma.iter().map(|w| w.sges.as_slice()).collect();
-        for (w, sg) in tx.rdma.iter().zip(sges) {
-            wrs.push(SendWr {
-                wr_id: rdma_id,
-                op: SendOp::RdmaWrite { remote_addr: w.remote_addr, rkey: w.rkey },
-                sg_list: sg,
-                flags: SendFlags::UNSIGNALED,
-            });
-        }
-        wrs.push(SendWr {
+        let send = SendWr {
             wr_id: tx::wr_id(WrKind::Tx, tx.generation, txk as u32),
             op: SendOp::Send,
             sg_list: &send_sge,
             flags: SendFlags::SIGNALED,
-        });
-        conn.qp.post_send(&wrs)?;
+        };
+        if tx.rdma.is_empty() {
+            // Most messages: the SEND alone, no list to build.
+            conn.qp.post_send(std::slice::from_ref(&send))?;
+        } else {
+            let rdma_id = tx::wr_id(WrKind::Rdma, tx.generation, txk as u32);
+            let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(tx.rdma.len() + 1);
+            for w in &tx.rdma {
+                wrs.push(SendWr {
+                    wr_id: rdma_id,
+                    op: SendOp::RdmaWrite { remote_addr: w.remote_addr, rkey: w.rkey },
+                    sg_list: &w.sges,
+                    flags: SendFlags::UNSIGNALED,
+                });
+            }
+            wrs.push(send);
+            conn.qp.post_send(&wrs)?;
+        }
         let rdma_bytes: u64 = tx.rdma.iter().flat_map(|w| w.sges.iter()).map(|s| u64::from(s.length)).sum();
         tx.sending += 1;
         tx.queued = false;

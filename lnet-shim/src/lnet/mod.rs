@@ -310,7 +310,7 @@ struct Inner {
     quiet: Condvar,
     quiet_waiters: AtomicUsize,
     outbox: Mutex<VecDeque<(EventSink, Event)>>,
-    delivering: Mutex<()>,
+    delivering: Mutex<VecDeque<(EventSink, Event)>>,
 }
 
 /// Shuts LNet down when the last user handle goes (never from an LND thread: LNDs hold only
@@ -367,7 +367,7 @@ impl Lnet {
             quiet: Condvar::new(),
             quiet_waiters: AtomicUsize::new(0),
             outbox: Mutex::new(VecDeque::new()),
-            delivering: Mutex::new(()),
+            delivering: Mutex::new(VecDeque::new()),
         });
         Lnet { _owner: Arc::new(Owner(inner.clone())), inner }
     }
@@ -658,22 +658,23 @@ impl Inner {
             if self.outbox.lock().unwrap_or_else(PoisonError::into_inner).is_empty() {
                 return;
             }
-            let guard = match self.delivering.try_lock() {
+            // The deliverer's batch lives in the delivery lock: swapped with the outbox, the
+            // two queues trade their allocations instead of making new ones.
+            let mut batch = match self.delivering.try_lock() {
                 Ok(g) => g,
                 Err(TryLockError::Poisoned(p)) => p.into_inner(),
                 Err(TryLockError::WouldBlock) => return,
             };
             loop {
-                let batch: Vec<(EventSink, Event)> =
-                    self.outbox.lock().unwrap_or_else(PoisonError::into_inner).drain(..).collect();
+                std::mem::swap(&mut *batch, &mut *self.outbox.lock().unwrap_or_else(PoisonError::into_inner));
                 if batch.is_empty() {
                     break;
                 }
-                for (sink, event) in batch {
+                while let Some((sink, event)) = batch.pop_front() {
                     sink.deliver(event);
                 }
             }
-            drop(guard);
+            drop(batch);
         }
     }
 
