@@ -15,6 +15,7 @@ fn pair(
     size: usize,
     count: u64,
     window: u64,
+    client_extra: &[&str],
 ) -> (lnd_tests::Outcome, lnd_tests::Outcome) {
     let port = port.to_string();
     let (size_s, count_s, window_s) = (size.to_string(), count.to_string(), window.to_string());
@@ -22,22 +23,26 @@ fn pair(
     let client = spawn(
         BIN,
         &[
-            "drive",
-            "--nid",
-            "127.0.0.1@o2ib",
-            "--to",
-            "127.0.0.2@o2ib",
-            "--port",
-            &port,
-            "--op",
-            op,
-            "--size",
-            &size_s,
-            "--count",
-            &count_s,
-            "--window",
-            &window_s,
-        ],
+            &[
+                "drive",
+                "--nid",
+                "127.0.0.1@o2ib",
+                "--to",
+                "127.0.0.2@o2ib",
+                "--port",
+                &port,
+                "--op",
+                op,
+                "--size",
+                &size_s,
+                "--count",
+                &count_s,
+                "--window",
+                &window_s,
+            ],
+            client_extra,
+        ]
+        .concat(),
     );
     let c = client.wait(Duration::from_secs(300));
     let s = server.wait(Duration::from_secs(if c.timed_out { 1 } else { 60 }));
@@ -46,14 +51,14 @@ fn pair(
 
 #[test]
 fn two_processes_connect_over_real_udp() {
-    let (s, c) = pair(unique_port(0), "put", 100, 10, 4);
+    let (s, c) = pair(unique_port(0), "put", 100, 10, 4, &[]);
     assert!(s.success && c.success, "server {s:?}\nclient {c:?}");
     assert!(s.stdout.contains("verified 10 PUTs"), "{s:?}");
 }
 
 #[test]
 fn two_processes_move_1_gib_by_put_verified() {
-    let (s, c) = pair(unique_port(1), "put", 1 << 20, 1024, 8);
+    let (s, c) = pair(unique_port(1), "put", 1 << 20, 1024, 8, &[]);
     assert!(s.success && c.success, "server {s:?}\nclient {c:?}");
     assert!(s.stdout.contains("verified 1024 PUTs"), "{s:?}");
     lnd_tests::assert_write_path(&c.stdout);
@@ -65,12 +70,16 @@ fn two_processes_move_1_gib_by_put_verified() {
 
 #[test]
 fn two_processes_move_1_gib_by_get_verified() {
-    let (s, c) = pair(unique_port(2), "get", 1 << 20, 1024, 8);
+    // The client's copy engine takes part in every large copy (`always`), deterministically.
+    let (s, c) = pair(unique_port(2), "get", 1 << 20, 1024, 8, &["--copy-helper", "always"]);
     assert!(s.success && c.success, "server {s:?}\nclient {c:?}");
     assert!(s.stdout.contains("and 1024 GETs"), "{s:?}");
     lnd_tests::assert_write_path(&c.stdout);
-    // The server's RDMA WRITEs land in the client: it copied them from the server's arena.
+    // The server's RDMA WRITEs land in the client: it copied them from the server's arena,
+    // each 1 MiB copy shared with its copy engine's helper thread.
     lnd_tests::assert_mapped_copies(&c.stdout);
+    let counter = |name| lnd_tests::counter(&c.stdout, name).unwrap_or_else(|| panic!("no {name} in {c:?}"));
+    assert_eq!(counter("split"), counter("mapped"), "{}", c.stdout);
     println!("{}", c.stdout.trim());
 }
 

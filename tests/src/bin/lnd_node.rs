@@ -17,7 +17,8 @@
 //!
 //! `--loss P` injects faults into the software device (loss P, as much reordering, half as much
 //! duplication and corruption). Every role prints, after shutdown, the objects left on its device
-//! (`live after shutdown: qps 0 mrs 0 cqs 0 pds 0` when nothing leaked).
+//! (`live after shutdown: qps 0 mrs 0 cqs 0 pds 0` when nothing leaked). `--copy-helper
+//! off|auto|always` sets the device's copy engine (`SoftConfig::copy_helper`).
 
 use std::process::ExitCode;
 use std::sync::mpsc;
@@ -26,7 +27,7 @@ use std::time::Duration;
 
 use lnd::clock::Clock;
 use lnd::driver::{Driver, DriverConfig, FabricChoice};
-use lnd::fabric::soft::{DirFaults, FaultConfig, SoftConfig};
+use lnd::fabric::soft::{CopyHelper, DirFaults, FaultConfig, SoftConfig};
 use lnd::tunables::Tunables;
 use lnet_shim::buffer::Buffer;
 use lnet_shim::hdr::{GetMsg, LnetHdr, LnetMsg, PutMsg, WireHandle};
@@ -107,6 +108,7 @@ struct Args {
     keep_going: bool,
     loss: f64,
     nis: u32,
+    copy_helper: CopyHelper,
 }
 
 /// The match bits of the PUT that ends a `serve` run without `--expect`.
@@ -132,6 +134,7 @@ fn parse() -> Result<Args, String> {
         keep_going: false,
         loss: 0.0,
         nis: 1,
+        copy_helper: CopyHelper::for_this_machine(),
     };
     while let Some(flag) = it.next() {
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -152,6 +155,14 @@ fn parse() -> Result<Args, String> {
             "--keep-going" => a.keep_going = v == "1",
             "--loss" => a.loss = v.parse().map_err(|_| bad())?,
             "--nis" => a.nis = v.parse().map_err(|_| bad())?,
+            "--copy-helper" => {
+                a.copy_helper = match v.as_str() {
+                    "off" => CopyHelper::Off,
+                    "auto" => CopyHelper::Auto,
+                    "always" => CopyHelper::Always,
+                    _ => return Err(bad()),
+                }
+            }
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -188,7 +199,12 @@ fn start_ni(
     let cfg = DriverConfig {
         nid,
         tunables,
-        fabric: FabricChoice::Soft(SoftConfig { udp_port: a.port, faults, ..SoftConfig::default() }),
+        fabric: FabricChoice::Soft(SoftConfig {
+            udp_port: a.port,
+            faults,
+            copy_helper: a.copy_helper,
+            ..SoftConfig::default()
+        }),
         seed: None,
     };
     let d = Driver::start(cfg, up.clone()).map_err(|e| e.to_string())?;
@@ -416,10 +432,11 @@ fn drive(a: &Args) -> Result<(), String> {
         first_done.map_or(0.0, |t| t.saturating_duration_since(t0).as_secs_f64()),
         stats
             .map(|s| format!(
-                ", retransmits {}, single copy: placed {}, mapped {}, refused {}, ring frames {} (doorbells {})",
+                ", retransmits {}, single copy: placed {}, mapped {}, split {}, refused {}, ring frames {} (doorbells {})",
                 s.fabric.retransmits,
                 s.fabric.placed_sent + s.fabric.placed_writes,
                 s.fabric.placed_mapped,
+                s.fabric.placed_split,
                 s.fabric.placed_refused,
                 s.fabric.ring_frames_sent + s.fabric.ring_frames_received,
                 s.fabric.ring_doorbells
