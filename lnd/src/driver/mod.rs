@@ -209,7 +209,11 @@ impl Driver {
         let nid = config.nid;
         match config.fabric.clone() {
             FabricChoice::Soft(soft) => {
-                let soft = SoftConfig { name: format!("soft-{}", nid.addr()), ..soft };
+                let soft = SoftConfig {
+                    name: format!("soft-{}", nid.addr()),
+                    helper_spin: Duration::from_micros(u64::from(config.tunables.busy_poll_usec)),
+                    ..soft
+                };
                 let dev = SoftDevice::open_udp(nid.addr(), soft)
                     .map_err(|source| DriverError::Fabric { nid, source })?;
                 let handle = dev.clone();

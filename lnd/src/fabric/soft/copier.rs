@@ -16,8 +16,9 @@
 //! by the caller alone. Once joined, the caller waits only for the chunk the helper is
 //! copying.
 //!
-//! Idle costs nothing: after a job the helper looks for the next for [`HELPER_SPIN`], yielding
-//! the CPU, then parks until the next large copy unparks it.
+//! Idle costs nothing: after a job the helper looks for the next for a while (the device's
+//! `SoftConfig::helper_spin`, which the driver sets to `busy_poll_usec`), yielding the CPU,
+//! then parks until the next large copy unparks it.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -30,8 +31,6 @@ use crate::clock::Clock;
 pub const SPLIT_MIN: usize = 256 << 10;
 /// The unit of work the caller and the helper claim.
 pub const CHUNK: usize = 64 << 10;
-/// How long the helper keeps looking for the next job before it parks.
-const HELPER_SPIN: Duration = Duration::from_micros(50);
 /// While it looks, how often the helper yields the CPU.
 const YIELD_EVERY: Duration = Duration::from_micros(5);
 
@@ -108,11 +107,14 @@ pub(crate) struct Copier {
     shared: Arc<Shared>,
     helper: Option<(Thread, JoinHandle<()>)>,
     mode: CopyHelper,
+    /// How long the idle helper looks for the next job before it parks.
+    spin: Duration,
 }
 
 impl Copier {
-    /// A copy engine working in `mode`.
-    pub(crate) fn new(mode: CopyHelper) -> Copier {
+    /// A copy engine working in `mode`, whose idle helper looks for work for `spin` before
+    /// it parks.
+    pub(crate) fn new(mode: CopyHelper, spin: Duration) -> Copier {
         Copier {
             shared: Arc::new(Shared {
                 state: AtomicU8::new(IDLE),
@@ -123,6 +125,7 @@ impl Copier {
             }),
             helper: None,
             mode,
+            spin,
         }
     }
 
@@ -178,8 +181,9 @@ impl Copier {
             return None;
         }
         if self.helper.is_none() {
-            let shared = self.shared.clone();
-            match std::thread::Builder::new().name("soft-copier".into()).spawn(move || helper(&shared)) {
+            let (shared, spin) = (self.shared.clone(), self.spin);
+            match std::thread::Builder::new().name("soft-copier".into()).spawn(move || helper(&shared, spin))
+            {
                 Ok(h) => self.helper = Some((h.thread().clone(), h)),
                 Err(_) => {
                     // No thread: copy inline from now on.
@@ -259,7 +263,7 @@ unsafe fn copy_range(segs: &[Seg], start: usize, end: usize) {
 }
 
 /// The helper thread: joins posted jobs until the copier goes.
-fn helper(shared: &Shared) {
+fn helper(shared: &Shared, spin: Duration) {
     let clock = Clock::new();
     let mut last_job = clock.now();
     let mut last_yield = last_job;
@@ -283,7 +287,7 @@ fn helper(shared: &Shared) {
             continue;
         }
         let now = clock.now();
-        if now.saturating_duration_since(last_job) < HELPER_SPIN {
+        if now.saturating_duration_since(last_job) < spin {
             // Look at memory only, and give the CPU to any other runnable thread every
             // YIELD_EVERY (a yield per look would make the helper join late).
             if now.saturating_duration_since(last_yield) < YIELD_EVERY {
@@ -312,7 +316,7 @@ mod tests {
     fn copies_land_whole_with_and_without_the_helper() {
         let mut rng = Rng::new(0xc0b1);
         for mode in [CopyHelper::Auto, CopyHelper::Always, CopyHelper::Off] {
-            let mut copier = Copier::new(mode);
+            let mut copier = Copier::new(mode, Duration::from_micros(50));
             for round in 0..200 {
                 let pieces = 1 + rng.below(6) as usize;
                 let lens: Vec<usize> = (0..pieces)
@@ -341,7 +345,7 @@ mod tests {
     /// `Always`: the helper takes part in every large copy, and in no small one.
     #[test]
     fn the_helper_takes_part_in_every_large_copy_when_waited_for() {
-        let mut copier = Copier::new(CopyHelper::Always);
+        let mut copier = Copier::new(CopyHelper::Always, Duration::ZERO);
         let src: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
         let mut dst = vec![0u8; 4 << 20];
         for round in 0..50u64 {

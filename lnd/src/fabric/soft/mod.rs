@@ -58,6 +58,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::net::Ipv4Addr;
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use lnet_shim::hash::FastMap;
 
@@ -146,6 +147,9 @@ pub struct SoftConfig {
     /// helper thread the device starts on first use (its copy engine, [`copier`]). The
     /// default: [`CopyHelper::for_this_machine`].
     pub copy_helper: CopyHelper,
+    /// How long the copy engine's idle helper keeps looking for work before it parks (the
+    /// driver sets it to the `busy_poll_usec` tunable; 0 parks at once).
+    pub helper_spin: Duration,
 }
 
 impl Default for SoftConfig {
@@ -160,6 +164,7 @@ impl Default for SoftConfig {
             udp_port: packet::ROCEV2_UDP_PORT,
             single_copy: SingleCopy::from_env(),
             copy_helper: CopyHelper::for_this_machine(),
+            helper_spin: Duration::from_micros(50),
         }
     }
 }
@@ -423,7 +428,13 @@ impl SoftDevice {
             addr: PortAddr::from_ipv4(ip),
         };
         let first_qpn = 2 + (rng.next_u32() & 0x7f_ffff);
-        let place = Placement::new(&config.name, config.single_copy, wire.local_peer(), config.copy_helper);
+        let place = Placement::new(
+            &config.name,
+            config.single_copy,
+            wire.local_peer(),
+            config.copy_helper,
+            config.helper_spin,
+        );
         let state = DevState {
             wire: FaultyWire::new(wire, config.faults, fault_seed),
             mrs: MrTable::new(l.max_mr),

@@ -324,6 +324,7 @@ impl Placement {
         mode: SingleCopy,
         own: Option<LocalPeer>,
         copy_helper: CopyHelper,
+        helper_spin: Duration,
     ) -> Placement {
         Placement {
             name: name.to_owned(),
@@ -333,7 +334,7 @@ impl Placement {
             senders: FastMap::default(),
             checked: Instant::ZERO,
             forced_errno: None,
-            copier: Copier::new(copy_helper),
+            copier: Copier::new(copy_helper, helper_spin),
         }
     }
 
