@@ -35,8 +35,10 @@
 //! P_Key tables, multiple ports, congestion control (CNPs are ignored).
 //!
 //! Progress is poll-driven: posting only queues work; [`crate::fabric::Device::progress`]
-//! receives frames, runs the transport and timers, and transmits. The device never spawns a
-//! thread and never reads a clock.
+//! receives frames, runs the transport and timers, and transmits. The protocol never reads a
+//! clock (`now` is an argument) and runs on the caller's thread; the one thread the device
+//! starts is its copy engine's helper ([`copier`]), which only copies bytes for a
+//! `progress` call that waits for it, and parks when idle.
 
 pub mod copier;
 pub use copier::CopyHelper;
