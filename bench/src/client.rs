@@ -456,18 +456,14 @@ fn on_event(s: &mut Slot, kind: u64, ev: &Event, spec: &RunSpec, result: &mut Ru
         (KIND_BULK, EventKind::Put | EventKind::Get) => s.got_bulk = true,
         (KIND_REPLY, EventKind::Put) => {
             s.got_reply = true;
-            let hdr = s.reply.to_vec(0, HDR).unwrap_or_default();
+            let mut hdr = [0u8; HDR];
+            let _ = s.reply.read(0, &mut hdr);
             match Reply::decode(&hdr) {
                 Some(r) if r.rpc == s.rpc => s.reply_status = r.status,
                 _ => s.reply_status = -71,
             }
-            if spec.op == Op::Ping {
-                let n = (ev.mlength as usize).saturating_sub(HDR);
-                let echo = s.reply.to_vec(HDR, n).unwrap_or_default();
-                let sent = s.request.to_vec(HDR, s.request.len() - HDR).unwrap_or_default();
-                if echo != sent {
-                    result.corrupt += 1;
-                }
+            if spec.op == Op::Ping && !echoed(s, ev.mlength) {
+                result.corrupt += 1;
             }
         }
         _ => {}
@@ -498,6 +494,22 @@ fn on_event(s: &mut Slot, kind: u64, ev: &Event, spec: &RunSpec, result: &mut Ru
     result.rpcs += 1;
     result.bytes += if spec.op == Op::Ping { 0 } else { spec.size as u64 };
     true
+}
+
+/// Whether the ping reply (`mlength` bytes in the slot's reply buffer) echoes the request's
+/// payload exactly.
+fn echoed(s: &Slot, mlength: u64) -> bool {
+    const CHUNK: usize = 256;
+    let sent_len = s.request.len().saturating_sub(HDR);
+    if usize::try_from(mlength).ok() != Some(HDR + sent_len) {
+        return false;
+    }
+    let (mut echo, mut sent) = ([0u8; CHUNK], [0u8; CHUNK]);
+    (0..sent_len).step_by(CHUNK).all(|at| {
+        let n = CHUNK.min(sent_len - at);
+        let (Some(echo), Some(sent)) = (echo.get_mut(..n), sent.get_mut(..n)) else { return false };
+        s.reply.read(HDR + at, echo).is_ok() && s.request.read(HDR + at, sent).is_ok() && echo == sent
+    })
 }
 
 /// Records the latency of a finished RPC.

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use lnet_shim::buffer::Buffer;
@@ -66,7 +66,7 @@ pub struct ServerCounters {
 struct Server<'a> {
     node: &'a Node,
     eq: EventQueue,
-    requests: Vec<Arc<Buffer>>,
+    requests: Vec<Arc<RequestSlot>>,
     pending: HashMap<u64, Pending>,
     replies: HashMap<u64, Arc<Buffer>>,
     next: u64,
@@ -86,9 +86,16 @@ pub fn serve(node: &Node, stop: impl Fn() -> bool) -> Result<ServerCounters, Str
         counters: ServerCounters::default(),
         fast: Arc::default(),
     };
+    let reply_sink = counting_sink(&s.fast);
     for i in 0..REQUEST_BUFFERS {
-        let buf = Arc::new(Buffer::new(REQUEST_BUF));
-        s.requests.push(buf);
+        s.requests.push(Arc::new(RequestSlot {
+            lnet: node.lnet.clone(),
+            eq: s.eq.clone(),
+            fast: s.fast.clone(),
+            reply_sink: reply_sink.clone(),
+            buf: Arc::new(Buffer::new(REQUEST_BUF)),
+            sink: OnceLock::new(),
+        }));
         s.post_request(i)?;
     }
     while !stop() {
@@ -100,8 +107,7 @@ pub fn serve(node: &Node, stop: impl Fn() -> bool) -> Result<ServerCounters, Str
 
 impl Server<'_> {
     fn post_request(&self, i: u64) -> Result<(), String> {
-        let buf = self.requests.get(i as usize).ok_or("request buffer index")?.clone();
-        post_request(&self.node.lnet, &self.eq, &self.fast, buf, i)
+        self.requests.get(i as usize).ok_or("request buffer index")?.post(i)
     }
 
     /// The counters, pings answered in the callback included.
@@ -132,9 +138,9 @@ impl Server<'_> {
     }
 
     fn request(&mut self, ev: Event, i: u64) {
-        let Some(buf) = self.requests.get(i as usize).cloned() else { return };
+        let Some(slot) = self.requests.get(i as usize) else { return };
         let len = (ev.mlength as usize).min(REQUEST_BUF);
-        let bytes = buf.to_vec(0, len).unwrap_or_default();
+        let bytes = slot.buf.to_vec(0, len).unwrap_or_default();
         // The buffer can take the next request at once.
         let _ = self.post_request(i);
         if ev.status.is_err() {
@@ -229,7 +235,7 @@ impl Server<'_> {
         let id = self.next;
         self.next += 1;
         let sink = EventSink::Queue(self.eq.clone());
-        match send_reply(&self.node.lnet, sink, id, client, rpc, status, payload) {
+        match send_reply(&self.node.lnet, sink, id, client, rpc, reply_with(rpc, status, payload)) {
             Ok(buf) => {
                 self.replies.insert(id, buf);
                 self.counters.rpcs += 1;
@@ -279,19 +285,21 @@ fn counting_sink(fast: &Arc<Fast>) -> EventSink {
 /// no data to stamp or check, so nothing to keep off that thread. The bulk transfer's last
 /// event (the REPLY of a write's GET, the SEND of a read's PUT, or the first error) sends the
 /// reply, once.
-fn fast_brw(lnet: &Lnet, fast: &Arc<Fast>, client: ProcessId, req: Request) {
+fn fast_brw(lnet: &Lnet, fast: &Arc<Fast>, reply_sink: &EventSink, client: ProcessId, req: Request) {
     let buf = fast.take(req.size as usize);
     let write = req.op == Op::BrwWrite;
     let done_kind = if write { EventKind::Reply } else { EventKind::Send };
     let sink = {
         let (lnet, fast, buf, answered) = (lnet.clone(), fast.clone(), buf.clone(), AtomicBool::new(false));
+        let reply_sink = reply_sink.clone();
         EventSink::callback(move |ev: &Event| {
             if (ev.status.is_ok() && ev.kind != done_kind) || answered.swap(true, Ordering::Relaxed) {
                 return;
             }
             let status = ev.status.map_or_else(|e| e.as_i32(), |()| 0);
             fast.give(buf.clone());
-            let sent = send_reply(&lnet, counting_sink(&fast), 0, client, req.rpc, status, &[]);
+            let sent =
+                send_reply(&lnet, reply_sink.clone(), 0, client, req.rpc, reply_buffer(req.rpc, status, 0));
             fast.count(status == 0 && sent.is_ok());
         })
     };
@@ -309,56 +317,92 @@ fn fast_brw(lnet: &Lnet, fast: &Arc<Fast>, client: ProcessId, req: Request) {
     if started.is_err() {
         fast.give(buf);
         fast.count(false);
-        let _ = send_reply(lnet, counting_sink(fast), 0, client, req.rpc, -5, &[]);
+        let _ = send_reply(lnet, reply_sink.clone(), 0, client, req.rpc, reply_buffer(req.rpc, -5, 0));
     }
 }
 
-/// Posts request buffer `i`. Its events go to a callback on the LND thread: a ping is answered
-/// and the buffer reposted right there; any other request goes to `eq` for the server thread.
-fn post_request(
-    lnet: &Lnet,
-    eq: &EventQueue,
-    fast: &Arc<Fast>,
+/// A request buffer and what its event callback needs. The server owns it; the callback
+/// holds it weakly, and its sink is made once and reused at every repost (a ping allocates
+/// no new callback).
+struct RequestSlot {
+    lnet: Lnet,
+    eq: EventQueue,
+    fast: Arc<Fast>,
+    /// The SEND events of replies sent from the callback.
+    reply_sink: EventSink,
     buf: Arc<Buffer>,
-    i: u64,
-) -> Result<(), String> {
-    let sink = {
-        let (lnet, eq, fast, buf) = (lnet.clone(), eq.clone(), fast.clone(), buf.clone());
-        EventSink::callback(move |ev: &Event| {
-            if ev.kind == EventKind::Put && ev.status.is_ok() {
-                let len = (ev.mlength as usize).min(REQUEST_BUF);
-                let bytes = buf.to_vec(0, len).unwrap_or_default();
-                let req = Request::decode(&bytes);
-                if let Some(req) = req.filter(|r| r.op == Op::Ping) {
-                    let payload = bytes.get(HDR..).unwrap_or_default();
-                    let sent = send_reply(&lnet, counting_sink(&fast), 0, ev.initiator, req.rpc, 0, payload);
-                    fast.count(sent.is_ok());
-                    // Fails only when LNet is shutting down: then nothing is served anyway.
-                    let _ = post_request(&lnet, &eq, &fast, buf.clone(), i);
-                    return;
-                }
-                let quick =
-                    |r: &Request| matches!(r.op, Op::BrwWrite | Op::BrwRead) && r.check == Check::None;
-                if let Some(req) = req.filter(quick) {
-                    let _ = post_request(&lnet, &eq, &fast, buf.clone(), i);
-                    fast_brw(&lnet, &fast, ev.initiator, req);
-                    return;
-                }
-            }
-            eq.push(*ev);
-        })
-    };
-    let md = Md::contiguous(buf)
-        .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
-        .with_threshold(Threshold::Count(1))
-        .with_user_ptr(tag(KIND_REQUEST, i))
-        .with_events(sink);
-    let me = MatchEntry::new(ANY_PROCESS, 0).ignoring(u64::MAX).with_unlink(Unlink::Auto);
-    lnet.attach(REQUEST_PORTAL, me, md, Unlink::Auto).map_err(|e| e.to_string())?;
-    Ok(())
+    sink: OnceLock<EventSink>,
 }
 
-/// Starts the reply to RPC `rpc`: a small PUT of the reply header and `payload` to the
+impl RequestSlot {
+    /// Posts the buffer as request buffer `i`. Its events go to a callback on the LND thread:
+    /// a ping is answered and the buffer reposted right there; any other request goes to `eq`
+    /// for the server thread.
+    fn post(self: &Arc<Self>, i: u64) -> Result<(), String> {
+        let sink = self.sink.get_or_init(|| {
+            let me: Weak<RequestSlot> = Arc::downgrade(self);
+            EventSink::callback(move |ev: &Event| {
+                if let Some(slot) = me.upgrade() {
+                    slot.on_event(ev, i);
+                }
+            })
+        });
+        let md = Md::contiguous(self.buf.clone())
+            .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
+            .with_threshold(Threshold::Count(1))
+            .with_user_ptr(tag(KIND_REQUEST, i))
+            .with_events(sink.clone());
+        let me = MatchEntry::new(ANY_PROCESS, 0).ignoring(u64::MAX).with_unlink(Unlink::Auto);
+        self.lnet.attach(REQUEST_PORTAL, me, md, Unlink::Auto).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn on_event(self: &Arc<Self>, ev: &Event, i: u64) {
+        if ev.kind == EventKind::Put && ev.status.is_ok() {
+            let len = (ev.mlength as usize).min(REQUEST_BUF);
+            let mut hdr = [0u8; HDR];
+            let req =
+                self.buf.read(0, &mut hdr).ok().filter(|()| len >= HDR).and_then(|()| Request::decode(&hdr));
+            if let Some(req) = req.filter(|r| r.op == Op::Ping) {
+                // The echo is copied from the request buffer straight into the reply's.
+                let echo = len - HDR;
+                let buf = reply_buffer(req.rpc, 0, echo);
+                let sent = buf.copy_from(HDR, &self.buf, HDR, echo).map_err(drop).and_then(|()| {
+                    send_reply(&self.lnet, self.reply_sink.clone(), 0, ev.initiator, req.rpc, buf)
+                });
+                self.fast.count(sent.is_ok());
+                // Fails only when LNet is shutting down: then nothing is served anyway.
+                let _ = self.post(i);
+                return;
+            }
+            let quick = |r: &Request| matches!(r.op, Op::BrwWrite | Op::BrwRead) && r.check == Check::None;
+            if let Some(req) = req.filter(quick) {
+                let _ = self.post(i);
+                fast_brw(&self.lnet, &self.fast, &self.reply_sink, ev.initiator, req);
+                return;
+            }
+        }
+        self.eq.push(*ev);
+    }
+}
+
+/// A reply's buffer: the header, then `len` bytes of payload the caller must fill.
+fn reply_buffer(rpc: u64, status: i32, len: usize) -> Buffer {
+    let buf = Buffer::new_unzeroed(HDR + len);
+    // Cannot fail: the buffer is longer than the header.
+    let _ = buf.write(0, &Reply { rpc, status, len: len as u32 }.encode());
+    buf
+}
+
+/// A reply carrying `payload`.
+fn reply_with(rpc: u64, status: i32, payload: &[u8]) -> Buffer {
+    let buf = reply_buffer(rpc, status, payload.len());
+    // Cannot fail: the buffer has room for the payload after the header.
+    let _ = buf.write(HDR, payload);
+    buf
+}
+
+/// Starts the reply to RPC `rpc` in `buf` (see [`reply_buffer`]): a small PUT to the
 /// client's reply portal; its SEND event goes to `sink` tagged with `id`. Returns the buffer.
 fn send_reply(
     lnet: &Lnet,
@@ -366,13 +410,9 @@ fn send_reply(
     id: u64,
     client: ProcessId,
     rpc: u64,
-    status: i32,
-    payload: &[u8],
+    buf: Buffer,
 ) -> Result<Arc<Buffer>, ()> {
-    let hdr = Reply { rpc, status, len: payload.len() as u32 }.encode();
-    let mut bytes = hdr.to_vec();
-    bytes.extend_from_slice(payload);
-    let buf = Arc::new(Buffer::from_slice(&bytes));
+    let buf = Arc::new(buf);
     let md = Md::contiguous(buf.clone())
         .with_threshold(Threshold::Count(1))
         .with_user_ptr(tag(KIND_REPLY, id))

@@ -115,14 +115,21 @@ impl Buffer {
 
     /// A buffer holding a copy of `data` (in the arena, not zeroed first).
     pub fn from_slice(data: &[u8]) -> Buffer {
-        let len = data.len();
-        let b = match crate::arena::arena().filter(|_| len > 0).and_then(|a| a.alloc_uninit(len)) {
-            Some(ptr) => Buffer { ptr, len, in_arena: true, regs: Mutex::new(Vec::new()) },
-            None => Buffer::on_heap(len),
-        };
+        let b = Buffer::new_unzeroed(data.len());
         // Cannot fail: same length. It overwrites every byte of the buffer.
         let _ = b.write(0, data);
         b
+    }
+
+    /// `len` bytes that are not zeroed first when they come from the arena: they may hold
+    /// what an earlier buffer of this process held. For a caller that overwrites every byte
+    /// before the buffer is used (cheaper than [`Buffer::new`] for small buffers, since the
+    /// arena hands out whole pages).
+    pub fn new_unzeroed(len: usize) -> Buffer {
+        match crate::arena::arena().filter(|_| len > 0).and_then(|a| a.alloc_uninit(len)) {
+            Some(ptr) => Buffer { ptr, len, in_arena: true, regs: Mutex::new(Vec::new()) },
+            None => Buffer::on_heap(len),
+        }
     }
 
     /// Length in bytes.

@@ -268,6 +268,11 @@ impl<D: Device> Device for Shard<D> {
     fn stats(&self) -> FabricStats {
         if self.index == 0 { self.dev.stats() } else { FabricStats::default() }
     }
+
+    /// Shard 0's alone, like [`Shard::stats`].
+    fn packets(&self) -> u64 {
+        if self.index == 0 { self.dev.packets() } else { 0 }
+    }
 }
 
 #[cfg(test)]

@@ -458,12 +458,10 @@ impl<D: Device> Engine<D> {
 
     /// A counter that moves whenever the engine or its device does something.
     fn activity(&self) -> u64 {
-        let f = self.dev.stats();
         self.work
             .wrapping_add(self.stats.tx_msgs)
             .wrapping_add(self.stats.rx_msgs)
-            .wrapping_add(f.rx_packets)
-            .wrapping_add(f.tx_packets)
+            .wrapping_add(self.dev.packets())
     }
 
     /// When [`Engine::poll`] must run next even if no fd fires (`Some(t <= now)`: now).

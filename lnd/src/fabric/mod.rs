@@ -213,6 +213,13 @@ pub trait Device: Send + Sync + 'static {
 
     /// Transport counters.
     fn stats(&self) -> FabricStats;
+
+    /// Packets sent plus packets received so far (wrapping): a counter that moves whenever
+    /// the device moves traffic, cheap enough to read on every scheduler turn.
+    fn packets(&self) -> u64 {
+        let s = self.stats();
+        s.tx_packets.wrapping_add(s.rx_packets)
+    }
 }
 
 /// A protection domain (`ibv_pd`).

@@ -285,6 +285,41 @@ struct Work {
     events: Vec<(EventSink, Event)>,
 }
 
+/// Spare [`Work`] lists kept per thread, at most this many.
+const SPARE_WORK_MAX: usize = 4;
+/// A spare list longer than this is freed rather than kept.
+const SPARE_WORK_CAPACITY: usize = 64;
+
+thread_local! {
+    /// Emptied [`Work`] lists for the next [`Inner::run`] on this thread: most calls gather an
+    /// event or a send, and reusing the lists saves their allocations on every message. A
+    /// stack, because `run` re-enters itself (a failed send; a callback that sends).
+    static SPARE_WORK: std::cell::RefCell<Vec<Work>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Work {
+    /// Empty lists, reused if this thread has some to spare.
+    fn take() -> Work {
+        SPARE_WORK.try_with(|s| s.borrow_mut().pop()).ok().flatten().unwrap_or_default()
+    }
+
+    /// Keeps these (emptied) lists for the next [`Work::take`] on this thread.
+    fn recycle(mut self) {
+        if self.sends.capacity() > SPARE_WORK_CAPACITY || self.events.capacity() > SPARE_WORK_CAPACITY {
+            return;
+        }
+        self.sends.clear();
+        self.events.clear();
+        // Fails only while the thread exits: then the lists are simply freed.
+        let _ = SPARE_WORK.try_with(|s| {
+            let mut spare = s.borrow_mut();
+            if spare.len() < SPARE_WORK_MAX {
+                spare.push(self);
+            }
+        });
+    }
+}
+
 /// Everything behind LNet's lock.
 struct State {
     pid: u32,
@@ -606,7 +641,7 @@ impl Inner {
     /// Runs `f` under the lock, queues its events in order, then (unlocked) starts its sends
     /// and delivers events.
     fn run<R>(&self, f: impl FnOnce(&mut State, &mut Work) -> R) -> R {
-        let mut work = Work::default();
+        let mut work = Work::take();
         let r = {
             let mut st = self.lock();
             let r = f(&mut st, &mut work);
@@ -636,6 +671,7 @@ impl Inner {
                 Outgoing::Fail { token, error } => self.run(|st, w| st.send_done(token, Err(error), w)),
             }
         }
+        work.recycle();
         self.flush_events();
     }
 

@@ -986,6 +986,11 @@ impl Device for SoftDevice {
             ..s.stats
         }
     }
+
+    fn packets(&self) -> u64 {
+        let s = self.shared.lock();
+        s.stats.tx_packets.wrapping_add(s.stats.rx_packets)
+    }
 }
 
 /// A protection domain of the software device.

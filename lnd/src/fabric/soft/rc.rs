@@ -85,7 +85,7 @@ pub(crate) struct Completion {
 struct SendWqe {
     wr_id: u64,
     op: SendOp,
-    sges: Vec<Sge>,
+    sges: SgeList,
     inline: Option<Vec<u8>>,
     len: u32,
     signaled: bool,
@@ -123,8 +123,43 @@ impl SendWqe {
 #[derive(Debug)]
 struct RecvWqe {
     wr_id: u64,
-    sges: Vec<Sge>,
+    sges: SgeList,
     len: u64,
+}
+
+/// SGEs kept inline in a work-queue entry.
+const INLINE_SGES: usize = 2;
+
+/// A work request's scatter/gather list as its queue entry keeps it: up to [`INLINE_SGES`]
+/// entries in place (most requests have one), more on the heap.
+#[derive(Debug)]
+enum SgeList {
+    Inline { sges: [Sge; INLINE_SGES], n: u8 },
+    Heap(Vec<Sge>),
+}
+
+impl SgeList {
+    fn new(sges: &[Sge]) -> SgeList {
+        let mut inline = [Sge::default(); INLINE_SGES];
+        match inline.get_mut(..sges.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(sges);
+                SgeList::Inline { sges: inline, n: sges.len() as u8 }
+            }
+            None => SgeList::Heap(sges.to_vec()),
+        }
+    }
+}
+
+impl std::ops::Deref for SgeList {
+    type Target = [Sge];
+
+    fn deref(&self) -> &[Sge] {
+        match self {
+            SgeList::Inline { sges, n } => sges.get(..usize::from(*n)).unwrap_or_default(),
+            SgeList::Heap(v) => v,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -441,7 +476,7 @@ impl RcQp {
         self.sq.push_back(SendWqe {
             wr_id: wr.wr_id,
             op: wr.op,
-            sges: if inline.is_some() { Vec::new() } else { wr.sg_list.to_vec() },
+            sges: SgeList::new(if inline.is_some() { &[] } else { wr.sg_list }),
             inline,
             len,
             signaled: wr.flags.signaled || self.sq_sig_all,
@@ -471,7 +506,7 @@ impl RcQp {
             return Err("too many scatter/gather entries");
         }
         let len = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-        self.rq.push_back(RecvWqe { wr_id: wr.wr_id, sges: wr.sg_list.to_vec(), len });
+        self.rq.push_back(RecvWqe { wr_id: wr.wr_id, sges: SgeList::new(wr.sg_list), len });
         Ok(())
     }
 
@@ -1243,4 +1278,20 @@ fn scatter(mem: &MrTable, pd: u32, sges: &[Sge], off: u64, data: &[u8]) -> bool 
         skip = 0;
     }
     at == data.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sge_lists_keep_every_entry_inline_or_on_the_heap() {
+        let all: Vec<Sge> =
+            (0..5u32).map(|i| Sge { addr: 0x1000 * u64::from(i + 1), length: 7 + i, lkey: 100 + i }).collect();
+        for n in 0..=all.len() {
+            let list = SgeList::new(&all[..n]);
+            assert_eq!(&*list, &all[..n], "{n} SGEs");
+            assert_eq!(matches!(list, SgeList::Inline { .. }), n <= INLINE_SGES, "{n} SGEs");
+        }
+    }
 }
