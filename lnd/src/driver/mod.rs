@@ -45,6 +45,7 @@ use crate::clock::{Clock, wall_clock_micros};
 use crate::engine::{Engine, EngineConfig, EngineError, EngineStats, FdChange, validate_send};
 use crate::fabric::soft::{LiveCounts, SoftConfig, SoftDevice};
 use crate::fabric::{Device, FabricError, FabricStats};
+use crate::time::Instant;
 use crate::tunables::Tunables;
 
 use self::shard::{Router, Shard, shard_of};
@@ -434,9 +435,24 @@ impl<D: Device> Scheduler<D> {
         self.engine.set_cq_poll_window(spin);
         let mut last_work = self.clock.now();
         let mut last_kernel = self.clock.now();
+        // Set while spinning after a poll that found nothing: until the next kernel poll, the
+        // engine is polled again only when the device has something, a command came, or its
+        // deadline (as of that poll) is due.
+        let mut idle_until: Option<Instant> = None;
         loop {
             self.turns += 1;
             let now = self.clock.now();
+            if let Some(due) = idle_until {
+                let quiet = now < due
+                    && now.saturating_duration_since(last_kernel) < KERNEL_POLL_INTERVAL
+                    && self.shared.queue.is_empty()
+                    && !self.engine.device().work_pending();
+                if quiet {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                idle_until = None;
+            }
             while let Some(cmd) = self.shared.queue.pop() {
                 match cmd {
                     Cmd::Send(msg) => {
@@ -467,7 +483,8 @@ impl<D: Device> Scheduler<D> {
                     }
                 }
             }
-            if self.engine.poll(now) {
+            let worked = self.engine.poll(now);
+            if worked {
                 last_work = now;
             }
             self.apply_fd_changes();
@@ -481,7 +498,8 @@ impl<D: Device> Scheduler<D> {
                 }
             }
             let mut spinning = false;
-            let timeout = match self.engine.next_deadline() {
+            let deadline = self.engine.next_deadline();
+            let timeout = match deadline {
                 // Queued by an upcall on this thread (no wake-up was sent for it).
                 _ if !self.shared.queue.is_empty() => Duration::ZERO,
                 Some(t) if t <= now => Duration::ZERO,
@@ -498,6 +516,11 @@ impl<D: Device> Scheduler<D> {
                 // look at them alone for a while; the kernel (sockets, wakers) is asked only
                 // every KERNEL_POLL_INTERVAL.
                 if now.saturating_duration_since(last_kernel) < KERNEL_POLL_INTERVAL {
+                    if !worked && shutdown_deadline.is_none() {
+                        // Everything this poll could see is done (completions reaped, frames
+                        // handled): only the device, a command or a deadline brings more.
+                        idle_until = Some(deadline.unwrap_or(Instant::FAR_FUTURE));
+                    }
                     std::hint::spin_loop();
                     continue;
                 }

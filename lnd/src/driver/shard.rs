@@ -269,6 +269,11 @@ impl<D: Device> Device for Shard<D> {
         if self.index == 0 { self.dev.stats() } else { FabricStats::default() }
     }
 
+    /// With other shards, their progress can complete this shard's work: unsure, so true.
+    fn work_pending(&self) -> bool {
+        !self.single() || self.dev.work_pending()
+    }
+
     /// Shard 0's alone, like [`Shard::stats`].
     fn packets(&self) -> u64 {
         if self.index == 0 { self.dev.packets() } else { 0 }

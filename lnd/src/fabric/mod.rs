@@ -214,6 +214,14 @@ pub trait Device: Send + Sync + 'static {
     /// Transport counters.
     fn stats(&self) -> FabricStats;
 
+    /// Whether [`Device::progress`] could find work now that [`Device::next_deadline`] does
+    /// not announce (frames waiting, sends ready), answered cheaply and without a system call;
+    /// true when unsure (the default). A driver spinning on an idle device asks this instead of
+    /// calling `progress` on every turn.
+    fn work_pending(&self) -> bool {
+        true
+    }
+
     /// Packets sent plus packets received so far (wrapping): a counter that moves whenever
     /// the device moves traffic, cheap enough to read on every scheduler turn.
     fn packets(&self) -> u64 {

@@ -225,6 +225,10 @@ impl Wire for FaultyWire {
         self.inner.awake();
     }
 
+    fn rx_pending(&self) -> bool {
+        !self.rx_held.is_empty() || !self.tx_held.is_empty() || self.inner.rx_pending()
+    }
+
     fn close_same_host(&mut self) {
         self.inner.close_same_host();
     }

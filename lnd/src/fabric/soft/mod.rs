@@ -987,6 +987,15 @@ impl Device for SoftDevice {
         }
     }
 
+    fn work_pending(&self) -> bool {
+        let s = self.shared.lock();
+        s.more_rx
+            || !s.ready.is_empty()
+            || !s.gsi_tx.is_empty()
+            || !s.signalled.is_empty()
+            || s.wire.rx_pending()
+    }
+
     fn packets(&self) -> u64 {
         let s = self.shared.lock();
         s.stats.tx_packets.wrapping_add(s.stats.rx_packets)

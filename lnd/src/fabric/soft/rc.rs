@@ -1286,8 +1286,9 @@ mod tests {
 
     #[test]
     fn sge_lists_keep_every_entry_inline_or_on_the_heap() {
-        let all: Vec<Sge> =
-            (0..5u32).map(|i| Sge { addr: 0x1000 * u64::from(i + 1), length: 7 + i, lkey: 100 + i }).collect();
+        let all: Vec<Sge> = (0..5u32)
+            .map(|i| Sge { addr: 0x1000 * u64::from(i + 1), length: 7 + i, lkey: 100 + i })
+            .collect();
         for n in 0..=all.len() {
             let list = SgeList::new(&all[..n]);
             assert_eq!(&*list, &all[..n], "{n} SGEs");

@@ -71,6 +71,11 @@ pub trait Wire: Send {
     fn ring_stats(&self) -> RingStats {
         RingStats::default()
     }
+    /// Whether [`Wire::recv`] may have a frame now, answered without a system call (true
+    /// when unsure): for a spinning caller deciding whether to poll at all.
+    fn rx_pending(&self) -> bool {
+        true
+    }
 }
 
 /// Counters of a wire's same-host rings ([`super::ring`]).
@@ -520,6 +525,12 @@ impl Wire for UdpWire {
         for (_, _, r) in &self.rings_rx {
             r.awake();
         }
+    }
+
+    /// A frame in a ring, or a socket not known to be drained (until the poller has reported
+    /// the socket once, it is never known to be).
+    fn rx_pending(&self) -> bool {
+        !self.drained || self.rings_rx.iter().any(|(_, _, r)| !r.is_empty())
     }
 
     fn close_same_host(&mut self) {
