@@ -17,7 +17,11 @@
 //! notification, so no system call, per completion); before the scheduler sleeps it arms them
 //! all ([`Engine::arm_cqs`], `engine::cq`). A spinning scheduler looks only at memory (frame
 //! rings, polled CQs, the command queue) and asks the kernel (epoll, and a yield of the CPU to
-//! any other runnable thread) every `KERNEL_POLL_INTERVAL`.
+//! any other runnable thread) every `KERNEL_POLL_INTERVAL`. After a poll that found nothing,
+//! it does not even poll the engine until something could be there: a command, the engine's
+//! next deadline, or the device saying it has work ([`Device::work_pending`]: for the soft
+//! device, a frame in a ring, a socket not known to be drained, sends ready). An idle turn is
+//! then a few loads instead of a full [`Engine::poll`], so a frame is picked up sooner.
 //!
 //! `nscheds`: the interface runs [`Tunables::scheduler_threads`] scheduler threads, each with
 //! its own engine and a share of the peers (chosen by the peer's address), all on one device

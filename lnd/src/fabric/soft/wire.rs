@@ -584,8 +584,16 @@ mod tests {
         // First frame: a new ring, the consumer unknown: doorbell, then the frame from the ring.
         a.send(now, ib, b"first").unwrap();
         assert_eq!(recv_frame(&mut b).as_deref(), Some(&b"first"[..]));
+        // Until a poller reports the socket, a frame may be waiting in it; once it did and
+        // the socket is drained, only a frame in a ring is (no system call to tell).
+        assert!(b.rx_pending(), "the socket was never reported readable");
+        b.readable();
+        let mut buf = vec![0u8; 2048];
+        assert_eq!(b.recv(now, &mut buf).unwrap(), None);
+        assert!(!b.rx_pending(), "ring empty, socket drained");
         // Awake consumer: no doorbell.
         a.send(now, ib, b"second").unwrap();
+        assert!(b.rx_pending(), "a frame in the ring");
         assert_eq!(recv_frame(&mut b).as_deref(), Some(&b"second"[..]));
         assert_eq!((a.ring_stats().sent, a.ring_stats().doorbells), (2, 1));
         // Sleeping consumer: rung once.
@@ -609,7 +617,8 @@ mod tests {
         // A forged doorbell naming no ring of ours is refused and changes nothing.
         c.socket.send_to(&ring::doorbell(77), SocketAddrV4::new(ib, port)).unwrap();
         assert!(readable(&b, 2000));
-        let mut buf = vec![0u8; 2048];
+        b.readable(); // as the poller would report it
+        assert!(b.rx_pending());
         assert_eq!(b.recv(now, &mut buf).unwrap(), None);
         assert_eq!(b.ring_stats().refused, 1, "no such ring: refused, nothing else changes");
     }
