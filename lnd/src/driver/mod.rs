@@ -426,6 +426,25 @@ impl<D: Device> Scheduler<D> {
         }
     }
 
+    /// Spins on memory alone (the command queue, [`Device::work_pending`]) until something may
+    /// be there or `due` or `kernel_due` passes; the clock is read every few looks.
+    fn spin_until_work(&mut self, due: Instant, kernel_due: Instant) {
+        const LOOKS_PER_CLOCK_READ: u64 = 8;
+        for looks in 1u64.. {
+            if !self.shared.queue.is_empty() || self.engine.device().work_pending() {
+                return;
+            }
+            if looks % LOOKS_PER_CLOCK_READ == 0 {
+                self.turns += LOOKS_PER_CLOCK_READ;
+                let now = self.clock.now();
+                if now >= due || now >= kernel_due {
+                    return;
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
     fn run(mut self) {
         let device_fds = self.engine.device().pollable_fds();
         for (i, fd) in device_fds.iter().enumerate() {
@@ -445,18 +464,10 @@ impl<D: Device> Scheduler<D> {
         let mut idle_until: Option<Instant> = None;
         loop {
             self.turns += 1;
-            let now = self.clock.now();
-            if let Some(due) = idle_until {
-                let quiet = now < due
-                    && now.saturating_duration_since(last_kernel) < KERNEL_POLL_INTERVAL
-                    && self.shared.queue.is_empty()
-                    && !self.engine.device().work_pending();
-                if quiet {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                idle_until = None;
+            if let Some(due) = idle_until.take() {
+                self.spin_until_work(due, last_kernel + KERNEL_POLL_INTERVAL);
             }
+            let now = self.clock.now();
             while let Some(cmd) = self.shared.queue.pop() {
                 match cmd {
                     Cmd::Send(msg) => {
