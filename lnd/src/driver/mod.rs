@@ -526,6 +526,15 @@ impl<D: Device> Scheduler<D> {
                 Some(t) => t.saturating_duration_since(now).min(MAX_SLEEP),
                 None => MAX_SLEEP,
             };
+            // Work already waiting (a command an upcall queued, a deadline due) is done on the
+            // next turn at once; the kernel is asked first only if it was not asked for a
+            // KERNEL_POLL_INTERVAL (an epoll_wait per message was on every round trip's path).
+            if timeout.is_zero()
+                && !spinning
+                && now.saturating_duration_since(last_kernel) < KERNEL_POLL_INTERVAL
+            {
+                continue;
+            }
             if spinning {
                 // Nothing to do but look again. The rings and CQs need no system call, so
                 // look at them alone for a while; the kernel (sockets, wakers) is asked only
