@@ -23,23 +23,8 @@ fn pair(
     let client = spawn(
         BIN,
         &[
-            &[
-                "drive",
-                "--nid",
-                "127.0.0.1@o2ib",
-                "--to",
-                "127.0.0.2@o2ib",
-                "--port",
-                &port,
-                "--op",
-                op,
-                "--size",
-                &size_s,
-                "--count",
-                &count_s,
-                "--window",
-                &window_s,
-            ],
+            &lnd_tests::DRIVE_FROM_1_TO_2[..],
+            &["--port", &port, "--op", op, "--size", &size_s, "--count", &count_s, "--window", &window_s],
             client_extra,
         ]
         .concat(),

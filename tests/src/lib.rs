@@ -150,6 +150,10 @@ pub fn run_pair(bin: &str, first: &[&str], second: &[&str], timeout: Duration) -
     (oa, ob)
 }
 
+/// The start of an `lnd-node drive` command line: 127.0.0.1@o2ib driving a node serving on
+/// 127.0.0.2@o2ib (the options that follow, `--port` first, are the test's own).
+pub const DRIVE_FROM_1_TO_2: [&str; 5] = ["drive", "--nid", "127.0.0.1@o2ib", "--to", "127.0.0.2@o2ib"];
+
 /// A UDP port for one test, distinct across concurrently running test processes: derived from
 /// the process id, plus `offset` for tests within one process.
 pub fn unique_port(offset: u16) -> u16 {

@@ -427,8 +427,8 @@ impl<D: Device> Scheduler<D> {
     }
 
     /// Spins on memory alone (the command queue, [`Device::work_pending`]) until something may
-    /// be there or `due` or `kernel_due` passes; the clock is read every few looks.
-    fn spin_until_work(&mut self, due: Instant, kernel_due: Instant) {
+    /// be there or `until` passes; the clock is read every few looks.
+    fn spin_until_work(&mut self, until: Instant) {
         const LOOKS_PER_CLOCK_READ: u64 = 8;
         for looks in 1u64.. {
             if !self.shared.queue.is_empty() || self.engine.device().work_pending() {
@@ -436,8 +436,7 @@ impl<D: Device> Scheduler<D> {
             }
             if looks % LOOKS_PER_CLOCK_READ == 0 {
                 self.turns += LOOKS_PER_CLOCK_READ;
-                let now = self.clock.now();
-                if now >= due || now >= kernel_due {
+                if self.clock.now() >= until {
                     return;
                 }
             }
@@ -465,7 +464,7 @@ impl<D: Device> Scheduler<D> {
         loop {
             self.turns += 1;
             if let Some(due) = idle_until.take() {
-                self.spin_until_work(due, last_kernel + KERNEL_POLL_INTERVAL);
+                self.spin_until_work(due.min(last_kernel + KERNEL_POLL_INTERVAL));
             }
             let now = self.clock.now();
             while let Some(cmd) = self.shared.queue.pop() {
@@ -526,30 +525,24 @@ impl<D: Device> Scheduler<D> {
                 Some(t) => t.saturating_duration_since(now).min(MAX_SLEEP),
                 None => MAX_SLEEP,
             };
-            // Work already waiting (a command an upcall queued, a deadline due) is done on the
-            // next turn at once; the kernel is asked first only if it was not asked for a
-            // KERNEL_POLL_INTERVAL (an epoll_wait per message was on every round trip's path).
-            if timeout.is_zero()
-                && !spinning
-                && now.saturating_duration_since(last_kernel) < KERNEL_POLL_INTERVAL
-            {
-                continue;
-            }
-            if spinning {
-                // Nothing to do but look again. The rings and CQs need no system call, so
-                // look at them alone for a while; the kernel (sockets, wakers) is asked only
-                // every KERNEL_POLL_INTERVAL.
-                if now.saturating_duration_since(last_kernel) < KERNEL_POLL_INTERVAL {
+            // No sleep (work already waiting, such as a command an upcall queued or a deadline
+            // due, or spinning): the next turn comes at once. The rings and CQs need no system
+            // call, so the kernel (sockets, wakers) is asked only every KERNEL_POLL_INTERVAL
+            // (an epoll_wait per message was on every round trip's path).
+            if timeout.is_zero() && now.saturating_duration_since(last_kernel) < KERNEL_POLL_INTERVAL {
+                if spinning {
                     if !worked && shutdown_deadline.is_none() {
                         // Everything this poll could see is done (completions reaped, frames
                         // handled): only the device, a command or a deadline brings more.
                         idle_until = Some(deadline.unwrap_or(Instant::FAR_FUTURE));
                     }
                     std::hint::spin_loop();
-                    continue;
                 }
-                // Before that, let any other runnable thread (the peer process, the
-                // application) have this CPU, so that spinning never delays the work it
+                continue;
+            }
+            if spinning {
+                // Before asking the kernel, let any other runnable thread (the peer process,
+                // the application) have this CPU, so that spinning never delays the work it
                 // waits for on a machine with few cores.
                 std::thread::yield_now();
             }

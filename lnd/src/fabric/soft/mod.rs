@@ -525,6 +525,11 @@ impl DevState {
     }
 
     /// Moves completions and events out of a QP and re-arms its timer.
+    /// Work `progress` has left for its next call: frames beyond its batch, sends ready.
+    fn work_now(&self) -> bool {
+        self.more_rx || !self.ready.is_empty() || !self.gsi_tx.is_empty()
+    }
+
     fn after_qp(&mut self, qpn: u32, now: Option<Instant>) {
         let mut completions = std::mem::take(&mut self.scratch);
         let mut events = std::mem::take(&mut self.scratch_events);
@@ -943,7 +948,7 @@ impl Device for SoftDevice {
 
     fn next_deadline(&self) -> Option<Instant> {
         let s = self.shared.lock();
-        if s.more_rx || !s.ready.is_empty() || !s.gsi_tx.is_empty() {
+        if s.work_now() {
             return Some(Instant::ZERO);
         }
         let timer = s.timers.peek().map(|Reverse((t, _))| *t);
@@ -989,11 +994,7 @@ impl Device for SoftDevice {
 
     fn work_pending(&self) -> bool {
         let s = self.shared.lock();
-        s.more_rx
-            || !s.ready.is_empty()
-            || !s.gsi_tx.is_empty()
-            || !s.signalled.is_empty()
-            || s.wire.rx_pending()
+        s.work_now() || !s.signalled.is_empty() || s.wire.rx_pending()
     }
 
     fn packets(&self) -> u64 {
