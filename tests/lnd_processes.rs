@@ -55,8 +55,11 @@ fn two_processes_move_1_gib_by_put_verified() {
 
 #[test]
 fn two_processes_move_1_gib_by_get_verified() {
-    // The client's copy engine takes part in every large copy (`always`), deterministically.
-    let (s, c) = pair(unique_port(2), "get", 1 << 20, 1024, 8, &["--copy-helper", "always"]);
+    // The client's copy engine takes part in every large copy (`always`), deterministically,
+    // and every large copy uses streaming stores (`always`; by default 8 MiB in flight fits
+    // in the cache budget and would not).
+    let (s, c) =
+        pair(unique_port(2), "get", 1 << 20, 1024, 8, &["--copy-helper", "always", "--streaming", "always"]);
     assert!(s.success && c.success, "server {s:?}\nclient {c:?}");
     assert!(s.stdout.contains("and 1024 GETs"), "{s:?}");
     lnd_tests::assert_write_path(&c.stdout);
@@ -65,6 +68,7 @@ fn two_processes_move_1_gib_by_get_verified() {
     lnd_tests::assert_mapped_copies(&c.stdout);
     let counter = |name| lnd_tests::counter(&c.stdout, name).unwrap_or_else(|| panic!("no {name} in {c:?}"));
     assert_eq!(counter("split"), counter("mapped"), "{}", c.stdout);
+    assert_eq!(counter("streamed"), counter("mapped"), "{}", c.stdout);
     println!("{}", c.stdout.trim());
 }
 

@@ -85,6 +85,10 @@ pub struct FabricStats {
     /// Of those mapped copies, the ones (256 KiB and up) the device's copy engine shared with
     /// its helper thread, on another core.
     pub placed_split: u64,
+    /// Of those mapped copies, the ones (256 KiB and up) written with streaming stores, around
+    /// the CPU caches, because the memory recently written outgrew them (the software device's
+    /// `Streaming` setting).
+    pub placed_streamed: u64,
     /// Placement requests refused (sent or received `PlacementRefused`): the WRITE went by the
     /// wire instead.
     pub placed_refused: u64,

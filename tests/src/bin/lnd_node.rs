@@ -18,7 +18,8 @@
 //! `--loss P` injects faults into the software device (loss P, as much reordering, half as much
 //! duplication and corruption). Every role prints, after shutdown, the objects left on its device
 //! (`live after shutdown: qps 0 mrs 0 cqs 0 pds 0` when nothing leaked). `--copy-helper
-//! off|auto|always` sets the device's copy engine (`SoftConfig::copy_helper`).
+//! off|auto|always` sets the device's copy engine (`SoftConfig::copy_helper`), `--streaming
+//! off|auto|always` whether its large copies use streaming stores (`SoftConfig::streaming`).
 
 use std::process::ExitCode;
 use std::sync::mpsc;
@@ -27,7 +28,7 @@ use std::time::Duration;
 
 use lnd::clock::Clock;
 use lnd::driver::{Driver, DriverConfig, FabricChoice};
-use lnd::fabric::soft::{CopyHelper, DirFaults, FaultConfig, SoftConfig};
+use lnd::fabric::soft::{CopyHelper, DirFaults, FaultConfig, SoftConfig, Streaming};
 use lnd::tunables::Tunables;
 use lnet_shim::buffer::Buffer;
 use lnet_shim::hdr::{GetMsg, LnetHdr, LnetMsg, PutMsg, WireHandle};
@@ -109,6 +110,7 @@ struct Args {
     loss: f64,
     nis: u32,
     copy_helper: CopyHelper,
+    streaming: Streaming,
 }
 
 /// The match bits of the PUT that ends a `serve` run without `--expect`.
@@ -135,6 +137,7 @@ fn parse() -> Result<Args, String> {
         loss: 0.0,
         nis: 1,
         copy_helper: CopyHelper::for_this_machine(),
+        streaming: Streaming::from_env(),
     };
     while let Some(flag) = it.next() {
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -160,6 +163,14 @@ fn parse() -> Result<Args, String> {
                     "off" => CopyHelper::Off,
                     "auto" => CopyHelper::Auto,
                     "always" => CopyHelper::Always,
+                    _ => return Err(bad()),
+                }
+            }
+            "--streaming" => {
+                a.streaming = match v.as_str() {
+                    "off" => Streaming::Off,
+                    "auto" => Streaming::Auto,
+                    "always" => Streaming::Always,
                     _ => return Err(bad()),
                 }
             }
@@ -203,6 +214,7 @@ fn start_ni(
             udp_port: a.port,
             faults,
             copy_helper: a.copy_helper,
+            streaming: a.streaming,
             ..SoftConfig::default()
         }),
         seed: None,
@@ -432,11 +444,12 @@ fn drive(a: &Args) -> Result<(), String> {
         first_done.map_or(0.0, |t| t.saturating_duration_since(t0).as_secs_f64()),
         stats
             .map(|s| format!(
-                ", retransmits {}, single copy: placed {}, mapped {}, split {}, refused {}, ring frames {} (doorbells {})",
+                ", retransmits {}, single copy: placed {}, mapped {}, split {}, streamed {}, refused {}, ring frames {} (doorbells {})",
                 s.fabric.retransmits,
                 s.fabric.placed_sent + s.fabric.placed_writes,
                 s.fabric.placed_mapped,
                 s.fabric.placed_split,
+                s.fabric.placed_streamed,
                 s.fabric.placed_refused,
                 s.fabric.ring_frames_sent + s.fabric.ring_frames_received,
                 s.fabric.ring_doorbells

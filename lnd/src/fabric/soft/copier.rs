@@ -16,6 +16,9 @@
 //! by the caller alone. Once joined, the caller waits only for the chunk the helper is
 //! copying.
 //!
+//! Whether a large copy uses ordinary or streaming stores is the device's [`Streaming`]
+//! choice ([`super::streaming`]), made once per copy and followed by both threads.
+//!
 //! Idle costs nothing: after a job the helper looks for the next for a while (the device's
 //! `SoftConfig::helper_spin`, which the driver sets to `busy_poll_usec`), yielding the CPU,
 //! then parks until the next large copy unparks it.
@@ -25,6 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
+use super::streaming::{self, Footprint, STREAM_MIN, Streaming};
 use crate::clock::Clock;
 
 /// Copies smaller than this stay on the calling thread (waking the helper costs more).
@@ -78,13 +82,18 @@ pub(crate) struct Seg {
 unsafe impl Send for Seg {}
 
 impl Seg {
-    /// Copies the piece.
+    /// Copies the piece, with streaming stores if `stream`.
     ///
     /// # Safety
     /// `src` readable and `dst` writable for `len` bytes, not overlapping.
-    unsafe fn run(self) {
-        // SAFETY: the caller's promise.
-        unsafe { std::ptr::copy_nonoverlapping(self.src, self.dst, self.len) };
+    unsafe fn run(self, stream: bool) {
+        if stream {
+            // SAFETY: the caller's promise.
+            unsafe { streaming::stream_copy(self.src, self.dst, self.len) };
+        } else {
+            // SAFETY: the caller's promise.
+            unsafe { std::ptr::copy_nonoverlapping(self.src, self.dst, self.len) };
+        }
     }
 }
 
@@ -96,6 +105,8 @@ struct Shared {
     job: Mutex<Vec<Seg>>,
     /// The next chunk of the posted job to claim.
     next: AtomicUsize,
+    /// Whether the posted job streams (written before it is posted).
+    stream: AtomicBool,
     stop: AtomicBool,
     /// Jobs the helper copied a chunk of.
     helped: AtomicU64,
@@ -109,24 +120,53 @@ pub(crate) struct Copier {
     mode: CopyHelper,
     /// How long the idle helper looks for the next job before it parks.
     spin: Duration,
+    streaming: Streaming,
+    /// `Auto` streams while the footprint is above this many bytes.
+    budget: usize,
+    footprint: Footprint,
+    /// Copies made with streaming stores.
+    streamed: u64,
 }
 
 impl Copier {
     /// A copy engine working in `mode`, whose idle helper looks for work for `spin` before
-    /// it parks.
-    pub(crate) fn new(mode: CopyHelper, spin: Duration) -> Copier {
+    /// it parks, and whose large copies stream as `streaming` says (`Auto`: once the recent
+    /// destinations add up to more than `budget` bytes).
+    pub(crate) fn new(mode: CopyHelper, spin: Duration, streaming: Streaming, budget: usize) -> Copier {
         Copier {
             shared: Arc::new(Shared {
                 state: AtomicU8::new(IDLE),
                 job: Mutex::new(Vec::new()),
                 next: AtomicUsize::new(0),
+                stream: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 helped: AtomicU64::new(0),
             }),
             helper: None,
             mode,
             spin,
+            streaming,
+            budget,
+            footprint: Footprint::new(),
+            streamed: 0,
         }
+    }
+
+    /// Copies made with streaming stores so far.
+    pub(crate) fn streamed(&self) -> u64 {
+        self.streamed
+    }
+
+    /// Whether a copy of `total` bytes to `segs` streams (and, in `Auto`, recording it).
+    fn stream(&mut self, segs: &[Seg], total: usize) -> bool {
+        let stream = match (self.streaming, segs.first()) {
+            (Streaming::Off, _) | (_, None) => false,
+            _ if total < STREAM_MIN => false,
+            (Streaming::Always, _) => true,
+            (Streaming::Auto, Some(first)) => self.footprint.record(first.dst as usize, total) > self.budget,
+        };
+        self.streamed += u64::from(stream);
+        stream
     }
 
     /// Copies the helper thread took part in so far.
@@ -141,10 +181,11 @@ impl Copier {
     /// `len` bytes, and no destination overlaps a source or another destination.
     pub(crate) unsafe fn copy(&mut self, segs: &[Seg]) {
         let total: usize = segs.iter().map(|s| s.len).fold(0, usize::saturating_add);
+        let stream = self.stream(segs, total);
         let Some(helper) = self.helper_for(total) else {
             for s in segs {
                 // SAFETY: the caller's promise, piece by piece.
-                unsafe { s.run() };
+                unsafe { s.run(stream) };
             }
             return;
         };
@@ -155,6 +196,7 @@ impl Copier {
             job.extend_from_slice(segs);
         }
         self.shared.next.store(0, Ordering::Relaxed);
+        self.shared.stream.store(stream, Ordering::Relaxed);
         self.shared.state.store(POSTED, Ordering::Release);
         helper.unpark();
         if self.mode == CopyHelper::Always {
@@ -163,7 +205,7 @@ impl Copier {
             wait_while(&self.shared.state, TAKEN);
         }
         // SAFETY: chunks of the caller's pieces; a chunk is claimed once, by one thread.
-        unsafe { claim_chunks(&self.shared.next, segs, chunks) };
+        unsafe { claim_chunks(&self.shared.next, segs, chunks, stream) };
         match self.shared.state.compare_exchange(POSTED, IDLE, Ordering::AcqRel, Ordering::Acquire) {
             // Never joined: closed now, before the helper could touch any piece.
             Ok(_) => {}
@@ -219,12 +261,12 @@ fn wait_while(state: &AtomicU8, value: u8) {
     }
 }
 
-/// Claims chunks of `segs` from `next` and copies them until all `chunks` are claimed;
-/// returns how many this thread copied.
+/// Claims chunks of `segs` from `next` and copies them (streaming if `stream`) until all
+/// `chunks` are claimed; returns how many this thread copied.
 ///
 /// # Safety
 /// As for [`Copier::copy`], for as long as any thread may still claim a chunk.
-unsafe fn claim_chunks(next: &AtomicUsize, segs: &[Seg], chunks: usize) -> usize {
+unsafe fn claim_chunks(next: &AtomicUsize, segs: &[Seg], chunks: usize, stream: bool) -> usize {
     let mut copied = 0;
     loop {
         let i = next.fetch_add(1, Ordering::Relaxed);
@@ -233,16 +275,17 @@ unsafe fn claim_chunks(next: &AtomicUsize, segs: &[Seg], chunks: usize) -> usize
         }
         let start = i.saturating_mul(CHUNK);
         // SAFETY: the caller's promise; `copy_range` stays inside the pieces.
-        unsafe { copy_range(segs, start, start.saturating_add(CHUNK)) };
+        unsafe { copy_range(segs, start, start.saturating_add(CHUNK), stream) };
         copied += 1;
     }
 }
 
-/// Copies bytes `start..end` of the concatenation of `segs` (clipped to its length).
+/// Copies bytes `start..end` of the concatenation of `segs` (clipped to its length),
+/// streaming if `stream`.
 ///
 /// # Safety
 /// As for [`Copier::copy`].
-unsafe fn copy_range(segs: &[Seg], start: usize, end: usize) {
+unsafe fn copy_range(segs: &[Seg], start: usize, end: usize, stream: bool) {
     let mut offset = 0usize;
     for s in segs {
         let (lo, hi) = (offset, offset.saturating_add(s.len));
@@ -258,7 +301,7 @@ unsafe fn copy_range(segs: &[Seg], start: usize, end: usize) {
         // `from < to <= s.len`: a part of the piece.
         let part = Seg { src: s.src.wrapping_add(from), dst: s.dst.wrapping_add(from), len: to - from };
         // SAFETY: inside a piece the caller vouched for.
-        unsafe { part.run() };
+        unsafe { part.run(stream) };
     }
 }
 
@@ -275,9 +318,11 @@ fn helper(shared: &Shared, spin: Duration) {
             let copied = {
                 let job = shared.job.lock().unwrap_or_else(PoisonError::into_inner);
                 let total = job.iter().map(|s| s.len).fold(0, usize::saturating_add);
+                // Written before the job was posted, which the swap above acquired.
+                let stream = shared.stream.load(Ordering::Relaxed);
                 // SAFETY: the poster waits in `Copier::copy` until this job is DONE, keeping
                 // its promise about these pieces for that long; chunks are claimed once.
-                unsafe { claim_chunks(&shared.next, &job, total.div_ceil(CHUNK)) }
+                unsafe { claim_chunks(&shared.next, &job, total.div_ceil(CHUNK), stream) }
             };
             if copied > 0 {
                 shared.helped.fetch_add(1, Ordering::Relaxed);
@@ -311,18 +356,23 @@ mod tests {
     use crate::rng::Rng;
 
     /// Random gather lists of random sizes around the split threshold, through the helper
-    /// and without it; every byte lands where it belongs.
+    /// and without it, with ordinary and streaming stores; every byte lands where it belongs,
+    /// and `Always` streams exactly the large copies.
     #[test]
     fn copies_land_whole_with_and_without_the_helper() {
         let mut rng = Rng::new(0xc0b1);
-        for mode in [CopyHelper::Auto, CopyHelper::Always, CopyHelper::Off] {
-            let mut copier = Copier::new(mode, Duration::from_micros(50));
-            for round in 0..200 {
+        let modes = [CopyHelper::Auto, CopyHelper::Always, CopyHelper::Off];
+        let streams = [Streaming::Off, Streaming::Always, Streaming::Auto];
+        for (mode, streaming) in modes.into_iter().flat_map(|m| streams.map(|s| (m, s))) {
+            let mut copier = Copier::new(mode, Duration::from_micros(50), streaming, 1 << 20);
+            let mut large = 0;
+            for round in 0..100 {
                 let pieces = 1 + rng.below(6) as usize;
                 let lens: Vec<usize> = (0..pieces)
                     .map(|_| rng.below(2 * SPLIT_MIN as u64 / pieces as u64 + 1) as usize)
                     .collect();
                 let total: usize = lens.iter().sum();
+                large += u64::from(total >= STREAM_MIN);
                 let mut src = vec![0u8; total];
                 rng.fill(&mut src);
                 let mut dst = vec![0u8; total];
@@ -334,18 +384,66 @@ mod tests {
                 }
                 // SAFETY: `src` and `dst` are distinct live vectors covering every piece.
                 unsafe { copier.copy(&segs) };
-                assert!(src == dst, "round {round}, {mode:?}: pieces {lens:?}");
+                assert!(src == dst, "round {round}, {mode:?} {streaming:?}: pieces {lens:?}");
             }
             if mode == CopyHelper::Off {
                 assert_eq!(copier.helped(), 0);
             }
+            match streaming {
+                Streaming::Off => assert_eq!(copier.streamed(), 0),
+                Streaming::Always => assert_eq!(copier.streamed(), large),
+                Streaming::Auto => assert!(copier.streamed() <= large),
+            }
         }
+    }
+
+    /// `Auto` streams while the recent large copies' distinct destinations add up to more
+    /// than the budget, and stops once the copies come back to fewer buffers.
+    #[test]
+    fn auto_streams_only_while_the_destinations_outgrow_the_budget() {
+        const LEN: usize = STREAM_MIN;
+        let src: Vec<u8> = (0..LEN).map(|i| (i % 253) as u8).collect();
+        let mut bufs: Vec<Vec<u8>> = (0..8).map(|_| vec![0u8; LEN]).collect();
+        // A budget of 4 buffers.
+        let mut copier = Copier::new(CopyHelper::Auto, Duration::from_micros(50), Streaming::Auto, 4 * LEN);
+        let copy_to = |copier: &mut Copier, buf: &mut Vec<u8>| {
+            buf.fill(0);
+            let seg = Seg { src: src.as_ptr(), dst: buf.as_mut_ptr(), len: LEN };
+            // SAFETY: two distinct live vectors of the piece's length.
+            unsafe { copier.copy(&[seg]) };
+            assert!(*buf == src);
+        };
+        // 2 buffers in turn: 2 * LEN, within the budget.
+        for i in 0..100 {
+            copy_to(&mut copier, &mut bufs[i % 2]);
+        }
+        assert_eq!(copier.streamed(), 0);
+        // 8 buffers in turn: the first 4 copies fit in the budget, every later one streams.
+        for i in 0..100 {
+            copy_to(&mut copier, &mut bufs[i % 8]);
+        }
+        assert_eq!(copier.streamed(), 100 - 4, "the first copies to buffers 0 to 3 fit");
+        // Back to one buffer: the others leave the window, and the copies stop streaming.
+        for _ in 0..2 * streaming::WINDOW {
+            copy_to(&mut copier, &mut bufs[0]);
+        }
+        let before = copier.streamed();
+        for _ in 0..10 {
+            copy_to(&mut copier, &mut bufs[0]);
+        }
+        assert_eq!(copier.streamed(), before);
+        // Small copies never stream, however many buffers.
+        let mut small = Copier::new(CopyHelper::Off, Duration::ZERO, Streaming::Always, 0);
+        let seg = Seg { src: src.as_ptr(), dst: bufs[1].as_mut_ptr(), len: STREAM_MIN - 1 };
+        // SAFETY: as above, a shorter piece.
+        unsafe { small.copy(&[seg]) };
+        assert_eq!(small.streamed(), 0);
     }
 
     /// `Always`: the helper takes part in every large copy, and in no small one.
     #[test]
     fn the_helper_takes_part_in_every_large_copy_when_waited_for() {
-        let mut copier = Copier::new(CopyHelper::Always, Duration::ZERO);
+        let mut copier = Copier::new(CopyHelper::Always, Duration::ZERO, Streaming::Auto, usize::MAX);
         let src: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
         let mut dst = vec![0u8; 4 << 20];
         for round in 0..50u64 {
@@ -374,7 +472,7 @@ mod tests {
                 .map(|w| Seg { src: src[w[0]..].as_ptr(), dst: dst[w[0]..].as_mut_ptr(), len: w[1] - w[0] })
                 .collect();
             // SAFETY: the pieces cover `src` and `dst` exactly, two distinct live vectors.
-            unsafe { copy_range(&segs, start, end) };
+            unsafe { copy_range(&segs, start, end, false) };
             for (i, &b) in dst.iter().enumerate() {
                 let want = if (start..end).contains(&i) { src[i] } else { 0 };
                 assert_eq!(b, want, "range {start}..{end}, byte {i}");

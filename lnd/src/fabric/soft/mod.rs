@@ -53,6 +53,8 @@ pub mod rc;
 pub mod registry;
 pub mod ring;
 pub mod sim;
+pub mod streaming;
+pub use streaming::Streaming;
 pub mod wire;
 
 use std::cmp::Reverse;
@@ -152,6 +154,10 @@ pub struct SoftConfig {
     /// How long the copy engine's idle helper keeps looking for work before it parks (the
     /// driver sets it to the `busy_poll_usec` tunable; 0 parks at once).
     pub helper_spin: Duration,
+    /// Whether the copy engine's large copies may use streaming (cache-bypassing) stores
+    /// ([`streaming`]). The default is [`Streaming::from_env`]: `Auto` unless
+    /// `LND_SOFT_STREAMING` says `off` or `always`.
+    pub streaming: Streaming,
 }
 
 impl Default for SoftConfig {
@@ -167,6 +173,7 @@ impl Default for SoftConfig {
             single_copy: SingleCopy::from_env(),
             copy_helper: CopyHelper::for_this_machine(),
             helper_spin: Duration::from_micros(50),
+            streaming: Streaming::from_env(),
         }
     }
 }
@@ -436,6 +443,7 @@ impl SoftDevice {
             wire.local_peer(),
             config.copy_helper,
             config.helper_spin,
+            config.streaming,
         );
         let state = DevState {
             wire: FaultyWire::new(wire, config.faults, fault_seed),
@@ -988,6 +996,7 @@ impl Device for SoftDevice {
             ring_doorbells: r.doorbells,
             ring_full: r.full,
             placed_split: s.place.copies_split(),
+            placed_streamed: s.place.copies_streamed(),
             ..s.stats
         }
     }

@@ -97,6 +97,7 @@ use lnet_shim::hash::FastMap;
 use super::copier::{Copier, CopyHelper};
 use super::mem::{self, MemFault, MrTable, PlaceFault};
 use super::peer_arena::PeerArena;
+use super::streaming::{self, Streaming};
 use super::wire::Wire;
 use crate::time::Instant;
 
@@ -325,6 +326,7 @@ impl Placement {
         own: Option<LocalPeer>,
         copy_helper: CopyHelper,
         helper_spin: Duration,
+        streaming: Streaming,
     ) -> Placement {
         Placement {
             name: name.to_owned(),
@@ -334,13 +336,18 @@ impl Placement {
             senders: FastMap::default(),
             checked: Instant::ZERO,
             forced_errno: None,
-            copier: Copier::new(copy_helper, helper_spin),
+            copier: Copier::new(copy_helper, helper_spin, streaming, streaming::cache_budget()),
         }
     }
 
     /// Placed WRITEs whose copy the copy engine's helper thread shared.
     pub(crate) fn copies_split(&self) -> u64 {
         self.copier.helped()
+    }
+
+    /// Placed WRITEs copied with streaming (cache-bypassing) stores.
+    pub(crate) fn copies_streamed(&self) -> u64 {
+        self.copier.streamed()
     }
 
     pub(crate) fn force_errno(&mut self, errno: Option<i32>) {

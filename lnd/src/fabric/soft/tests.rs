@@ -258,8 +258,8 @@ fn writes_and_sends_arrive_in_order_exactly_once_on_a_clean_wire() {
 }
 
 /// WRITEs of 256 KiB and more on the mapped path are copied on two cores (the device's copy
-/// engine, `copier`), every byte in place before the SEND behind it, with or without loss;
-/// with the helper off, all on the responder's thread.
+/// engine, `copier`), every byte in place before the SEND behind it, with or without loss,
+/// with ordinary or streaming stores; with the helper off, all on the responder's thread.
 #[test]
 fn large_placed_writes_are_split_over_two_cores() {
     if lnet_shim::arena::arena().is_none() || SingleCopy::from_env() != SingleCopy::Auto {
@@ -267,16 +267,17 @@ fn large_placed_writes_are_split_over_two_cores() {
         return;
     }
     let sizes = [1 << 20, (512 << 10) + 3, 300_000, 4096];
-    for (helper, drop) in [
-        (CopyHelper::Always, 0.0),
-        (CopyHelper::Always, 0.05),
-        (CopyHelper::Auto, 0.05),
-        (CopyHelper::Off, 0.0),
+    for (helper, drop, streaming) in [
+        (CopyHelper::Always, 0.0, Streaming::Off),
+        (CopyHelper::Always, 0.05, Streaming::Always),
+        (CopyHelper::Auto, 0.05, Streaming::Off),
+        (CopyHelper::Off, 0.0, Streaming::Always),
     ] {
         let s = seed();
         let net = SimNet::new(s, Duration::from_micros(5));
         let faults = FaultConfig { tx: DirFaults { drop, ..DirFaults::NONE }, rx: DirFaults::NONE };
-        let cfg = |seed| SoftConfig { copy_helper: helper, faults, ..on_path(seed, SingleCopy::Auto) };
+        let cfg =
+            |seed| SoftConfig { copy_helper: helper, streaming, faults, ..on_path(seed, SingleCopy::Auto) };
         let a = node(&net, 1, cfg(s), 4 << 20);
         let b = node(&net, 2, cfg(s + 1), 4 << 20);
         connect(&a, &b, RC);
@@ -297,6 +298,8 @@ fn large_placed_writes_are_split_over_two_cores() {
             CopyHelper::Off => 0..=0,
         };
         assert!(want.contains(&st.placed_split), "seed {s} {helper:?}: {st:?}");
+        let streamed = if streaming == Streaming::Always { 90 } else { 0 };
+        assert_eq!(st.placed_streamed, streamed, "seed {s} {streaming:?}: {st:?}");
     }
 }
 
