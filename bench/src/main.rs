@@ -276,10 +276,17 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             let counters =
                 server::serve(&node, || STOP.load(Ordering::SeqCst) || eof.load(Ordering::SeqCst))?;
+            let f = node.lnd_stats().fabric;
             node.shutdown();
             eprintln!(
-                "lnd-bench server: {} RPCs, {} errors, {} corrupt",
-                counters.rpcs, counters.errors, counters.corrupt
+                "lnd-bench server: {} RPCs, {} errors, {} corrupt; same-host WRITEs placed {} (split {}, streamed {}), retransmits {}",
+                counters.rpcs,
+                counters.errors,
+                counters.corrupt,
+                f.placed_writes,
+                f.placed_split,
+                f.placed_streamed,
+                f.retransmits
             );
             Ok(())
         }
