@@ -22,7 +22,8 @@
 //! PUT_REQ; no-credit traffic is posted first.
 //!
 //! The caller drives it: [`Credits::enqueue`] transmits, ask [`Credits::next`] what to post
-//! (repeatedly, until it says to stop), report [`Credits::posted`], then completions
+//! (repeatedly, until it says to stop; a [`Next::Post`] has already been counted, and
+//! [`Credits::unpost`] takes it back if posting fails), then report completions
 //! ([`Credits::send_completed`]), credits arriving on received messages
 //! ([`Credits::credits_returned`]) and receive buffers reposted ([`Credits::rx_reposted`]).
 
@@ -210,8 +211,8 @@ impl<T> Credits<T> {
     }
 
     /// What to do next (`kiblnd_check_sends` + `kiblnd_post_tx`). Call repeatedly until it
-    /// returns [`Next::Stop`]; after [`Next::Post`], post the transmit and call [`Credits::posted`]
-    /// (or [`Credits::unpost`] if posting failed).
+    /// returns [`Next::Stop`]; a [`Next::Post`] is counted as posted when it is returned: post
+    /// the transmit, or call [`Credits::unpost`] if posting failed.
     pub fn next(&mut self, keepalive_due: bool) -> Next<T> {
         while self.reserved > 0 {
             let Some(tx) = self.rsrvd.pop_front() else { break };

@@ -3,12 +3,12 @@
 //! A placed RDMA WRITE is one `memcpy` from the requester's mapped arena into the responder's
 //! registered memory, made by the responder's scheduler thread (under the device lock, before
 //! the WRITE is acknowledged). For large WRITEs that copy is most of that thread's work, while
-//! another core may have time to spare. A [`Copier`] is the device's copy engine: one helper
+//! another core may have time to spare. A `Copier` is the device's copy engine: one helper
 //! thread, started on first use, that shares every copy of at least [`SPLIT_MIN`] bytes. The
 //! copy is cut into [`CHUNK`]-byte chunks, and the caller and the helper each claim the next
 //! chunk until none is left, so the work divides itself by how much time each has.
 //!
-//! The contract is a plain synchronous copy: [`Copier::copy`] returns when every byte is in
+//! The contract is a plain synchronous copy: `Copier::copy` returns when every byte is in
 //! place, so RC ordering, the protection checks made before it and the lifetime of the memory
 //! involved are exactly those of a `memcpy` on the calling thread. The helper never holds the
 //! caller up for long: it joins a job only by claiming it while it is still open, and a job

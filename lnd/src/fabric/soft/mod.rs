@@ -24,7 +24,7 @@
 //!   ([`peer_arena`]), or else one `process_vm_readv`. Peers find each other's process through
 //!   a per-user registry ([`registry`]), never through a packet; a kernel refusal (`EPERM`,
 //!   e.g. Yama) falls back to the wire for that peer. A liveness word per placed request
-//!   ([`live`]) keeps a responder that runs late from copying a buffer the requester already
+//!   (`live`) keeps a responder that runs late from copying a buffer the requester already
 //!   reused. It is the default;
 //!   [`SoftConfig::single_copy`] or `LND_SOFT_SINGLE_COPY=0|syscall|1` choose the path;
 //!   `FabricStats::placed_*` count it. On the same path every other frame to a same-host port

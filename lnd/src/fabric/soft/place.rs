@@ -59,7 +59,7 @@
 //! it. A responder that executes late (it was stopped, SIGSTOP, while the requester's retries
 //! ran out, the work request was flushed and the application reused its buffer) would copy the
 //! buffer's new contents, where a wire WRITE carries the snapshot taken at send time. So each
-//! placed work request owns a liveness word in the requester's process ([`super::live`]),
+//! placed work request owns a liveness word in the requester's process (`super::live`),
 //! holding a token until the WQE leaves the send queue (before its completion is pushed out);
 //! the request carries the word's address and token. After the copy the responder reads the
 //! word: if it still holds the token, the request was outstanding for the whole copy and the

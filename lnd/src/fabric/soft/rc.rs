@@ -1,6 +1,6 @@
 //! The RC transport of one queue pair, as a sans-IO state machine.
 //!
-//! [`RcQp`] is what an HCA's QP context and its requester/responder pipelines do, fed with
+//! `RcQp` is what an HCA's QP context and its requester/responder pipelines do, fed with
 //! parsed packets and `now`, asked for frames to transmit, and drained of work completions and
 //! async events. The device around it ([`super::SoftDevice`]) owns sockets, the lock and the
 //! CQs; nothing here does IO or reads a clock.
@@ -8,7 +8,7 @@
 //! Behaviour follows IBTA RC (and rxe where the spec leaves room):
 //! * **Requester**: messages are cut into packets of the path MTU with 24-bit PSNs assigned at
 //!   post time; at most `max_inflight` packets are unacknowledged; AckReq is set on the last
-//!   packet of each message and every [`ACK_REQ_INTERVAL`] packets. ACKs are cumulative. A NAK
+//!   packet of each message and every `ACK_REQ_INTERVAL` packets. ACKs are cumulative. A NAK
 //!   for a PSN sequence error, or the retransmission timer (4.096 µs × 2^timeout) firing, sends
 //!   everything again from the oldest unacknowledged PSN (go-back-N), spending one of
 //!   `retry_cnt` retries; the counter resets whenever an ACK makes progress. Retries exhausted

@@ -19,7 +19,7 @@
 //! ```
 //!
 //! **Wake-ups.** A consumer that is about to sleep in its poller sets `sleeping`, fences, and
-//! looks at its rings once more ([`RingRx::prepare_to_sleep`]); a producer writes its record,
+//! looks at its rings once more (`RingRx::prepare_to_sleep`); a producer writes its record,
 //! publishes `tail`, fences, and reads `sleeping`: if set (and no doorbell is outstanding,
 //! `rung`), it sends a doorbell, a 16-byte UDP datagram (`LNDBELL1` + the ring's nonce) to the
 //! consumer's socket, which makes the consumer's poller return. With the two fences one of

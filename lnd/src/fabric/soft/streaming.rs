@@ -10,14 +10,14 @@
 //! double the rate of a copy loop over 64 MiB of buffers (8.4 → 16.9 GiB/s) while losing to
 //! an ordinary copy on buffers that fit (22 against 35 GiB/s over 2 MiB).
 //!
-//! So the copy engine ([`super::copier`]) asks a [`Footprint`]: it remembers where the last
+//! So the copy engine ([`super::copier`]) asks a `Footprint`: it remembers where the last
 //! [`WINDOW`] large copies wrote, and the bytes of their distinct destinations estimate the
 //! memory in play. Above the budget (an eighth of the largest CPU cache, [`cache_budget`])
 //! large copies stream; below it they are ordinary `memcpy`s. Small
 //! copies (under [`STREAM_MIN`]) never stream and are not counted: a streaming copy ends
 //! with a store fence, which they cannot amortise.
 //!
-//! Streaming stores are weakly ordered; [`stream_copy`] ends with `sfence`, so its bytes are
+//! Streaming stores are weakly ordered; `stream_copy` ends with `sfence`, so its bytes are
 //! visible before anything the caller stores after it (the WRITE's acknowledgement, the SEND
 //! behind it), exactly as after a `memcpy`. On targets other than x86-64 it is a `memcpy`.
 
