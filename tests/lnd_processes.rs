@@ -68,7 +68,8 @@ fn two_processes_move_1_gib_by_get_verified() {
     lnd_tests::assert_mapped_copies(&c.stdout);
     let counter = |name| lnd_tests::counter(&c.stdout, name).unwrap_or_else(|| panic!("no {name} in {c:?}"));
     assert_eq!(counter("split"), counter("mapped"), "{}", c.stdout);
-    assert_eq!(counter("streamed"), counter("mapped"), "{}", c.stdout);
+    let streamed = if lnd::fabric::soft::streaming::AVAILABLE { counter("mapped") } else { 0 };
+    assert_eq!(counter("streamed"), streamed, "{}", c.stdout);
     println!("{}", c.stdout.trim());
 }
 

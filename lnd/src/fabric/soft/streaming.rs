@@ -20,7 +20,8 @@
 //!
 //! Streaming stores are weakly ordered; `stream_copy` ends with `sfence`, so its bytes are
 //! visible before anything the caller stores after it (the WRITE's acknowledgement, the SEND
-//! behind it), exactly as after a `memcpy`. On targets other than x86-64 it is a `memcpy`.
+//! behind it), exactly as after a `memcpy`. Only x86-64 has them here ([`AVAILABLE`]);
+//! elsewhere no copy streams, whatever the setting.
 
 /// Whether large copies may bypass the cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,6 +52,8 @@ impl Streaming {
     }
 }
 
+/// Whether this target has streaming stores (x86-64: SSE2's `movntdq`, always present).
+pub const AVAILABLE: bool = cfg!(target_arch = "x86_64");
 /// Copies smaller than this never stream and do not count in the footprint.
 pub const STREAM_MIN: usize = 256 << 10;
 /// How many recent large copies the footprint remembers.
@@ -176,7 +179,8 @@ pub(crate) unsafe fn stream_copy(src: *const u8, dst: *mut u8, len: usize) {
     }
 }
 
-/// Copies `len` bytes from `src` to `dst` (no streaming stores on this target).
+/// Copies `len` bytes from `src` to `dst` (no streaming stores on this target; never called,
+/// as [`AVAILABLE`] is false).
 ///
 /// # Safety
 /// `src` readable and `dst` writable for `len` bytes, not overlapping.
