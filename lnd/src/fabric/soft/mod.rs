@@ -29,7 +29,8 @@
 //!   [`SoftConfig::single_copy`] or `LND_SOFT_SINGLE_COPY=0|syscall|1` choose the path;
 //!   `FabricStats::placed_*` count it. On the same path every other frame to a same-host port
 //!   travels through a shared-memory ring with a UDP doorbell for a sleeping consumer
-//!   ([`ring`]).
+//!   ([`ring`]). Large copies are shared with a helper thread ([`copier`]) and, once the
+//!   memory recently written outgrows the cache, use streaming stores ([`streaming`]).
 //!
 //! What it does not: RDMA READ and atomics, UD QPs beyond the GSI, SRQs, memory windows,
 //! P_Key tables, multiple ports, congestion control (CNPs are ignored).
