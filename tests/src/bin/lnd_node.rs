@@ -159,25 +159,27 @@ fn parse() -> Result<Args, String> {
             "--loss" => a.loss = v.parse().map_err(|_| bad())?,
             "--nis" => a.nis = v.parse().map_err(|_| bad())?,
             "--copy-helper" => {
-                a.copy_helper = match v.as_str() {
-                    "off" => CopyHelper::Off,
-                    "auto" => CopyHelper::Auto,
-                    "always" => CopyHelper::Always,
-                    _ => return Err(bad()),
-                }
+                a.copy_helper = off_auto_always(&v, [CopyHelper::Off, CopyHelper::Auto, CopyHelper::Always])
+                    .ok_or_else(bad)?
             }
             "--streaming" => {
-                a.streaming = match v.as_str() {
-                    "off" => Streaming::Off,
-                    "auto" => Streaming::Auto,
-                    "always" => Streaming::Always,
-                    _ => return Err(bad()),
-                }
+                a.streaming = off_auto_always(&v, [Streaming::Off, Streaming::Auto, Streaming::Always])
+                    .ok_or_else(bad)?
             }
             _ => return Err(format!("unknown option {flag}")),
         }
     }
     Ok(a)
+}
+
+/// The mode `off`, `auto` or `always` names, from `[off, auto, always]`; `None` for any other word.
+fn off_auto_always<T>(v: &str, [off, auto, always]: [T; 3]) -> Option<T> {
+    match v {
+        "off" => Some(off),
+        "auto" => Some(auto),
+        "always" => Some(always),
+        _ => None,
+    }
 }
 
 fn load_tunables(a: &Args) -> Result<Tunables, String> {
