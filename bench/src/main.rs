@@ -239,12 +239,26 @@ fn run_client(target: &Target, common: &Common, mut spec: RunSpec, json: bool) -
         print!("{}", report::table(std::slice::from_ref(&row)));
     }
     if let Some(e) = &row.run.first_error {
-        return Err(e.clone());
+        return Err(unreachable_hint(e, row.run.rpcs, &target.to, common));
     }
     if !ok {
         return Err(format!("{} RPCs completed, {} corrupt", row.run.rpcs, row.run.corrupt));
     }
     Ok(true)
+}
+
+/// The first error, with a hint when nothing ever got through and the peer did not answer: the
+/// usual cause is no `lnd-bench server` at that NID, or one on another `--port`.
+fn unreachable_hint(e: &str, rpcs: u64, to: &Nid, common: &Common) -> String {
+    let no_answer = ["ETIMEDOUT", "EHOSTUNREACH", "ECONNREFUSED"].iter().any(|c| e.contains(c));
+    if rpcs > 0 || !no_answer {
+        return e.to_owned();
+    }
+    let on = match common.fabric {
+        Fabric::Soft => format!(" with --port {}", common.port),
+        _ => String::new(),
+    };
+    format!("{e}; no RPC completed: is `lnd-bench server --nid {to}{on}` running?")
 }
 
 fn how_long(h: &HowLong) -> (Option<Duration>, Option<u64>) {

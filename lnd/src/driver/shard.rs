@@ -168,6 +168,10 @@ impl<D: Device> Device for Shard<D> {
         self.dev.resolve(ip)
     }
 
+    fn owns_ipv4(&self, ip: Ipv4Addr) -> bool {
+        self.dev.owns_ipv4(ip)
+    }
+
     fn alloc_pd(&self) -> Result<D::Pd, FabricError> {
         self.dev.alloc_pd()
     }

@@ -121,7 +121,10 @@ pub(crate) fn create<D: Device>(dev: &D, pd: &D::Pd, spec: ConnSpec) -> Result<C
     };
     let nrx = 2 * q + 2;
     let rx = RegisteredBuf::new(dev, pd, nrx as usize * IBLND_MSG_SIZE, Access::LOCAL_WRITE)?;
-    qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: Access::REMOTE_WRITE })?;
+    // The port the device drives: a QP bound to another port of a multi-port HCA would send
+    // from that port with this one's GID index.
+    let port_num = dev.query_port().port_num;
+    qp.modify(&QpModify::Init { port_num, pkey_index: 0, access: Access::REMOTE_WRITE })?;
     let mut conn = Conn {
         generation: spec.generation,
         peer: spec.peer,

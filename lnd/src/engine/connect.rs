@@ -31,6 +31,15 @@ use crate::wire::{
 /// Privileged ports are below this.
 const PROT_SOCK: u16 = 1024;
 
+/// What the passive side needs from a REQ.
+struct PassiveReq {
+    from: PortAddr,
+    cma: CmaHeader,
+    remote_qpn: u32,
+    remote_psn: u32,
+    path_mtu: Mtu,
+}
+
 impl<D: Device> Engine<D> {
     fn my_params(&self) -> ConnParams {
         ConnParams {
@@ -182,8 +191,18 @@ impl<D: Device> Engine<D> {
 
     pub(super) fn handle_cm_event(&mut self, now: Instant, ev: CmEvent) {
         match ev {
-            CmEvent::ConnectRequest { id, from, cma, private_data, remote_qpn, remote_start_psn, .. } => {
-                self.passive_connect(now, id, from, cma, &private_data, remote_qpn, remote_start_psn);
+            CmEvent::ConnectRequest {
+                id,
+                from,
+                cma,
+                private_data,
+                remote_qpn,
+                remote_start_psn,
+                path_mtu,
+                ..
+            } => {
+                let req = PassiveReq { from, cma, remote_qpn, remote_psn: remote_start_psn, path_mtu };
+                self.passive_connect(now, id, req, &private_data);
             }
             CmEvent::Reply { id, remote_qpn, remote_start_psn, private_data, .. } => {
                 self.connect_reply(now, id, remote_qpn, remote_start_psn, &private_data);
@@ -236,17 +255,8 @@ impl<D: Device> Engine<D> {
         let _ = self.cm.reject(now, id, RejReason::ConsumerDefined, &rej.encode());
     }
 
-    #[allow(clippy::too_many_arguments, reason = "the fields of one CM event")]
-    fn passive_connect(
-        &mut self,
-        now: Instant,
-        id: ConnId,
-        from: PortAddr,
-        cma: CmaHeader,
-        private: &[u8],
-        remote_qpn: u32,
-        remote_psn: u32,
-    ) {
+    fn passive_connect(&mut self, now: Instant, id: ConnId, req: PassiveReq, private: &[u8]) {
+        let PassiveReq { from, cma, remote_qpn, remote_psn, path_mtu: req_mtu } = req;
         if self.shutdown {
             return self.reject(now, id, RejectReason::Fatal);
         }
@@ -307,7 +317,9 @@ impl<D: Device> Engine<D> {
             Ok(k) => k,
             Err(_) => return self.reject(now, id, RejectReason::NoResources),
         };
-        let mtu = self.path_mtu();
+        // The REQ's path MTU is the active side's (its port's, or its `ib_mtu`): never send
+        // larger packets than it takes (Linux's passive side takes the REQ's too).
+        let mtu = self.path_mtu().min(req_mtu);
         let (timeout, retry, rnr, min_rnr) = (
             self.cfg.qp_ack_timeout,
             self.cfg.tunables.retry_count,

@@ -102,8 +102,8 @@ pub enum EngineError {
     /// The device failed a setup call.
     #[error("fabric: {0}")]
     Fabric(#[from] FabricError),
-    /// The NID's address is not the device port's.
-    #[error("NID {nid} does not belong to device port {port:?}")]
+    /// The NID's address is not the device port's ([`crate::fabric::Device::owns_ipv4`]).
+    #[error("NID {nid} is not an address of the device port (port address {port:?})")]
     WrongAddress {
         /// The NID.
         nid: Nid,
@@ -279,16 +279,19 @@ impl<D: Device> Engine<D> {
     /// Starts an interface on `dev`: allocates the PD and the transmit pool (`ntx` message
     /// buffers) and listens on the `service` port.
     pub fn new(dev: D, cfg: EngineConfig, upcalls: Arc<dyn LndUpcalls>) -> Result<Engine<D>, EngineError> {
+        // The CM names every port by its IPv4 address, this one too: on RoCE that is the port's
+        // GID, on InfiniBand it is not (the port's GID is its GUID's), so the check asks the
+        // device whether the NID's address is its own rather than comparing GIDs.
         let port = dev.query_port();
         let mine = dev.resolve(cfg.nid.addr())?;
-        if port.addr.gid != mine.gid {
+        if !dev.owns_ipv4(cfg.nid.addr()) {
             return Err(EngineError::WrongAddress { nid: cfg.nid, port: port.addr });
         }
         let pd = dev.alloc_pd()?;
         let ntx = cfg.tunables.ntx.max(16);
         let msgs = RegisteredBuf::new(&dev, &pd, ntx as usize * IBLND_MSG_SIZE, Access::LOCAL_WRITE)?;
         let mut rng = Rng::new(cfg.seed);
-        let mut cm_cfg = CmConfig::roce(port.addr, cfg.nid.addr(), dev.query_device().node_guid);
+        let mut cm_cfg = CmConfig::roce(mine, cfg.nid.addr(), dev.query_device().node_guid);
         cm_cfg.cm_response_timeout = cfg.cm_response_timeout;
         cm_cfg.packet_life_time = cfg.cm_response_timeout.saturating_sub(2);
         cm_cfg.timewait = crate::cm::mad::linux_cm_timeout(cfg.qp_ack_timeout);

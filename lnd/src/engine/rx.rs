@@ -24,7 +24,7 @@ use super::send::{RdmaSetupError, plan_rdma};
 use super::tx::Upper;
 use super::{Engine, Waiting, err};
 use crate::credits::{RxRepost, TxClass};
-use crate::fabric::Device;
+use crate::fabric::{Device, QueuePair};
 use crate::time::Instant;
 use crate::wire::{ConnIdentity, IBLND_MSG_SIZE, MsgBody, MsgType, RdmaDesc, RdmaFrag, check_conn, unpack};
 
@@ -282,7 +282,7 @@ impl<D: Device> Engine<D> {
     /// descriptor (if the transfer cannot be set up, only a PUT_DONE with the error).
     fn put_ack_received(&mut self, now: Instant, key: usize, txk: usize, dst_cookie: u64, rd: RdmaDesc<'_>) {
         let dst: Vec<RdmaFrag> = rd.iter().collect();
-        let (wrq_sge, max_frags) = (self.cfg.tunables.wrq_sge as usize, self.max_frags_of(key));
+        let (wrq_sge, max_frags) = (self.wrq_sge_of(key), self.max_frags_of(key));
         let Some(t) = self.txs.get_mut(txk) else { return };
         let nob = t.source.iter().map(|s| u64::from(s.length)).sum::<u64>();
         let plan = plan_rdma(&t.source, rd.key(), &dst, nob, wrq_sge, max_frags);
@@ -361,8 +361,7 @@ impl<D: Device> Engine<D> {
         let dst: Vec<RdmaFrag> = rd.iter().collect();
         let sink = rd.size().map_or(0, u64::from);
         let nob = src.iter().map(|s| u64::from(s.length)).sum::<u64>().min(sink);
-        let plan =
-            plan_rdma(&src, rd.key(), &dst, nob, self.cfg.tunables.wrq_sge as usize, self.max_frags_of(key));
+        let plan = plan_rdma(&src, rd.key(), &dst, nob, self.wrq_sge_of(key), self.max_frags_of(key));
         match plan {
             Ok(wrs) => {
                 let Some(txk) = self.reply_tx(now, key, MsgType::GetDone, Upper::Recv(token)) else {
@@ -386,6 +385,14 @@ impl<D: Device> Engine<D> {
                 self.send_completion(now, key, MsgType::GetDone, cookie, errno.as_i32(), Upper::Recv(token));
             }
         }
+    }
+
+    /// SGEs per RDMA WRITE: `wrq_sge`, or fewer if the device gave the QP fewer (it clamps the
+    /// request to its `max_sge`; a WR with more would be refused and close the connection).
+    fn wrq_sge_of(&self, key: usize) -> usize {
+        let tunable = self.cfg.tunables.wrq_sge;
+        let sge = self.conns.get(key).map_or(tunable, |c| tunable.min(c.qp.caps().max_send_sge));
+        sge.max(1) as usize
     }
 
     fn max_frags_of(&self, key: usize) -> usize {

@@ -133,6 +133,11 @@ pub trait Device: Send + Sync + 'static {
     /// `rdma_resolve_addr` does for an IPoIB or RoCE address).
     fn resolve(&self, ip: Ipv4Addr) -> Result<PortAddr, FabricError>;
 
+    /// Whether `ip` is this port's own address: peers that [`Device::resolve`] it reach this
+    /// port. On RoCE the port's GID *is* the IPv4-mapped address; on InfiniBand the GID is
+    /// not, and the address is the one the port is configured with (its IPoIB address).
+    fn owns_ipv4(&self, ip: Ipv4Addr) -> bool;
+
     /// Allocates a protection domain.
     fn alloc_pd(&self) -> Result<Self::Pd, FabricError>;
 

@@ -366,6 +366,7 @@ pub(crate) fn split(buf: &Arc<Buffer>, off: usize, len: usize, pieces: usize, rn
 mod admission;
 mod connect;
 mod hostile;
+mod ports;
 mod reaping;
 mod soak;
 

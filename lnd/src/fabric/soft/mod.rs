@@ -159,6 +159,15 @@ pub struct SoftConfig {
     /// ([`streaming`]). The default is [`Streaming::from_env`]: `Auto` unless
     /// `LND_SOFT_STREAMING` says `off` or `always`.
     pub streaming: Streaming,
+    /// The GID and LID [`Device::query_port`] reports. `None` (the default): the IPv4-mapped
+    /// GID of the device's address and the permissive LID, as a RoCEv2 port has. A value
+    /// presents the port the way an InfiniBand port looks (a GID and LID that are not its IP
+    /// address) while peers still reach it by its IP: the LND must then name ports by IP, never
+    /// by the port's GID, as it must on InfiniBand. Nothing else in the device changes.
+    pub port_addr: Option<PortAddr>,
+    /// The number of the port this device drives (1; 2 stands for the second port of a
+    /// dual-port HCA). A QP must be moved to INIT on this port, as on hardware.
+    pub port_num: u8,
 }
 
 impl Default for SoftConfig {
@@ -175,6 +184,8 @@ impl Default for SoftConfig {
             copy_helper: CopyHelper::for_this_machine(),
             helper_spin: Duration::from_micros(50),
             streaming: Streaming::from_env(),
+            port_addr: None,
+            port_num: 1,
         }
     }
 }
@@ -431,11 +442,11 @@ impl SoftDevice {
             max_inline_data: l.max_inline_data,
         };
         let port = PortAttr {
-            port_num: 1,
+            port_num: config.port_num,
             state: PortState::Active,
             max_mtu: Mtu::Mtu4096,
             active_mtu: config.mtu,
-            addr: PortAddr::from_ipv4(ip),
+            addr: config.port_addr.unwrap_or(PortAddr::from_ipv4(ip)),
         };
         let first_qpn = 2 + (rng.next_u32() & 0x7f_ffff);
         let place = Placement::new(
@@ -803,6 +814,11 @@ impl Device for SoftDevice {
         Ok(PortAddr::from_ipv4(ip))
     }
 
+    /// The address the device's wire is bound to (whatever [`SoftConfig::port_addr`] says).
+    fn owns_ipv4(&self, ip: Ipv4Addr) -> bool {
+        ip == self.shared.ip
+    }
+
     fn alloc_pd(&self) -> Result<SoftPd, FabricError> {
         let mut s = self.shared.lock();
         if s.pds >= self.shared.limits.max_pd {
@@ -1114,6 +1130,11 @@ impl QueuePair for SoftQp {
     }
 
     fn modify(&self, m: &QpModify) -> Result<(), FabricError> {
+        if let QpModify::Init { port_num, .. } = *m {
+            if port_num != self.shared.port.port_num {
+                return Err(FabricError::InvalidArgument { what: "port_num (not this device's port)" });
+            }
+        }
         let r = self.with(|s, e| {
             let r = e.rc.modify(m);
             if r.is_ok() && matches!(m, QpModify::Rtr { .. }) {

@@ -316,14 +316,15 @@ impl RcQp {
                 self.reset();
                 Ok(())
             }
+            // Linux's state table (`qp_state_table` in the kernel's verbs.c) has no RESET → ERR:
+            // a QP that never left RESET has nothing to flush, and the kernel says EINVAL.
+            (QpModify::Err, QpState::Reset) => Err(invalid),
             (QpModify::Err, _) => {
                 self.enter_error();
                 Ok(())
             }
-            (QpModify::Init { port_num, access, .. }, QpState::Reset | QpState::Init) => {
-                if port_num != 1 {
-                    return Err(FabricError::InvalidArgument { what: "port_num (the device has port 1)" });
-                }
+            // The port number is checked by the device, which knows its port.
+            (QpModify::Init { access, .. }, QpState::Reset | QpState::Init) => {
                 self.qp_access = access;
                 self.state = QpState::Init;
                 Ok(())

@@ -772,6 +772,21 @@ fn modify_to_err_flushes_receives_and_objects_do_not_leak() {
             "ERR -> INIT is illegal"
         );
         a.qp.modify(&QpModify::Reset).unwrap();
+        assert!(
+            matches!(
+                a.qp.modify(&QpModify::Err),
+                Err(FabricError::InvalidTransition { from: QpState::Reset, to: QpState::Err })
+            ),
+            "RESET -> ERR is illegal (the kernel's state table)"
+        );
+        assert!(
+            matches!(
+                a.qp.modify(&QpModify::Init { port_num: 2, pkey_index: 0, access: RW }),
+                Err(FabricError::InvalidArgument { .. })
+            ),
+            "INIT on a port the device does not drive"
+        );
+        assert_eq!(a.qp.state(), QpState::Reset);
         a.qp.modify(&QpModify::Init { port_num: 1, pkey_index: 0, access: RW }).unwrap();
         dev = a.dev.clone();
         assert_eq!(dev.live_counts(), LiveCounts { qps: 1, mrs: 1, cqs: 1, pds: 1, wqes: 1024 });

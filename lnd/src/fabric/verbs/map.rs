@@ -343,7 +343,9 @@ pub struct PathParams {
 /// INIT from RESET or INIT, RTR from INIT, RTS from RTR or RTS, ERR and RESET from anything.
 pub fn check_transition(from: QpState, m: &QpModify) -> Result<(), FabricError> {
     let ok = match m {
-        QpModify::Reset | QpModify::Err => true,
+        QpModify::Reset => true,
+        // The kernel's `qp_state_table` has no RESET → ERR (EINVAL): nothing to flush there.
+        QpModify::Err => from != QpState::Reset,
         QpModify::Init { .. } => matches!(from, QpState::Reset | QpState::Init),
         QpModify::Rtr { .. } => from == QpState::Init,
         QpModify::Rts { .. } => matches!(from, QpState::Rtr | QpState::Rts),
@@ -765,7 +767,7 @@ mod tests {
         assert!(check_transition(QpState::Rtr, &rts).is_ok());
         assert!(check_transition(QpState::Rts, &rts).is_ok());
         for s in [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Err] {
-            assert!(check_transition(s, &QpModify::Err).is_ok());
+            assert_eq!(check_transition(s, &QpModify::Err).is_ok(), s != QpState::Reset, "{s:?} -> ERR");
             assert!(check_transition(s, &QpModify::Reset).is_ok());
         }
     }

@@ -539,6 +539,21 @@ impl Device for VerbsDevice {
         Ok(PortAddr::from_ipv4(ip))
     }
 
+    /// RoCE: the port's GID is `ip`'s IPv4-mapped GID. InfiniBand: `ip` is
+    /// [`VerbsConfig::ipv4`], the address the side channel names this node by; without one,
+    /// the side channel listens on every address and peers name this node by the source
+    /// address of its frames, so any address is taken.
+    fn owns_ipv4(&self, ip: Ipv4Addr) -> bool {
+        let core = &self.shared.core;
+        match core.path.link {
+            LinkLayer::Ethernet => core.path.sgid == Gid::from_ipv4(ip),
+            LinkLayer::Infiniband => {
+                let local = self.shared.side().local.ip;
+                local.is_unspecified() || local == ip
+            }
+        }
+    }
+
     fn alloc_pd(&self) -> Result<VerbsPd, FabricError> {
         let raw = RawPd::alloc(&self.shared.core.ctx).map_err(|e| match e.raw_os_error() {
             Some(libc::ENOMEM) => FabricError::Resource { what: "protection domains" },
