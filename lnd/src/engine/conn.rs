@@ -2,8 +2,9 @@
 //!
 //! QP sizing follows o2iblnd (seed 003, LU-12901): `max_send_wr = (1 + max_frags) × Q` (clamped
 //! so it fits `max_qp_wr`), `max_recv_wr = 2Q + 2`, `max_send_sge = wrq_sge`, one receive SGE,
-//! the CQ holds both queues; when the device lacks the resources for the QP, Q is decremented
-//! and creation retried until it succeeds or Q would drop below 2. The 2Q + 2 receive buffers of
+//! the CQ holds both queues (a device that gives a smaller CQ than asked gets a smaller Q); when
+//! the device lacks the resources for the QP, Q is decremented and creation retried until it
+//! succeeds or Q would drop below 2. The 2Q + 2 receive buffers of
 //! 4 KiB live in one registered region and are posted before the connection is offered.
 
 use lnet_shim::lnd::LndError;
@@ -13,7 +14,9 @@ use super::tx::{MAX_CONN_KEY, WrKind, rx_index, wr_id};
 use crate::cm::manager::ConnId;
 use crate::credits::Credits;
 use crate::fabric::dma::RegisteredBuf;
-use crate::fabric::{Access, Device, FabricError, QpCaps, QpInitAttr, QpModify, QueuePair, RecvWr};
+use crate::fabric::{
+    Access, CompletionQueue, Device, FabricError, QpCaps, QpInitAttr, QpModify, QueuePair, RecvWr,
+};
 use crate::time::Instant;
 use crate::wire::IBLND_MSG_SIZE;
 
@@ -104,7 +107,16 @@ pub(crate) fn create<D: Device>(dev: &D, pd: &D::Pd, spec: ConnSpec) -> Result<C
     if send_wrs(q, spec.max_frags) > attr.max_qp_wr {
         q = (attr.max_qp_wr / mult).max(1);
     }
-    let cq = dev.create_cq(send_wrs(q, spec.max_frags) + 2 * q + 2)?;
+    let cq_entries = |q: u32| send_wrs(q, spec.max_frags).saturating_add(2 * q + 2);
+    let cq = dev.create_cq(cq_entries(q))?;
+    // A device may clamp the CQ to its `max_cqe`: then Q shrinks until both queues fit in it, or
+    // the flushes of a failing connection would overrun the CQ (CQ_ERR kills every QP on it).
+    while cq_entries(q) > cq.cqe() && q >= 2 {
+        q -= 1;
+    }
+    if cq_entries(q) > cq.cqe() {
+        return Err(FabricError::Resource { what: "completion queue entries" });
+    }
     let qp = loop {
         let cap = QpCaps {
             max_send_wr: send_wrs(q, spec.max_frags),

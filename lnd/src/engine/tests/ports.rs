@@ -1,6 +1,7 @@
 //! Ports that do not look like the default software port, as real HCAs do not: an InfiniBand
 //! port (its GID is not its IP address), the second port of a dual-port HCA, sides with
-//! different path MTUs, and a device with fewer scatter/gather entries than `wrq_sge`.
+//! different path MTUs, a device with fewer scatter/gather entries than `wrq_sge`, and one with
+//! smaller CQs than the queue depth needs.
 
 use std::sync::Arc;
 
@@ -119,4 +120,26 @@ fn rdma_writes_use_no_more_sges_than_the_qp_has() {
     assert!(sim.wait_send(0, 7, 200_000).is_ok(), "seed {s}");
     assert_eq!(sink.to_vec(0, len).unwrap(), data.to_vec(0, len).unwrap(), "seed {s}");
     assert_eq!(sim.nodes[0].engine.conn_details(nid(1)).len(), 1, "seed {s}: the connection stays up");
+}
+
+/// A device whose CQs hold fewer entries than Q needs (`max_cqe` 1024 against the 2074 of
+/// Q = 8 with 256 RDMA fragments): Q shrinks until both queues fit, as it does for a QP that
+/// does not fit, and the peer adopts the smaller Q.
+#[test]
+fn a_device_with_small_cqs_gets_a_smaller_queue_depth() {
+    let s = seed();
+    let small =
+        SoftConfig { limits: SoftLimits { max_cqe: 1024, ..SoftLimits::default() }, ..SoftConfig::default() };
+    // The side that connects has the small CQs, then the side that accepts.
+    for small_side in 0..2 {
+        let mut sim = Sim::new(s, 0, &tunables(), FaultConfig::NONE);
+        for i in 0..2 {
+            let soft = if i == small_side { small.clone() } else { SoftConfig::default() };
+            sim.add_node(i, tunables(), FaultConfig::NONE, soft, 1000 + i as u64);
+        }
+        both_ways(&mut sim, &format!("max_cqe 1024 on node {small_side}"));
+        // (1 + 256) Q + 2Q + 2 <= 1024: Q = 3.
+        assert_eq!(sim.nodes[0].engine.conn_details(nid(1))[0].credits.queue_depth, 3, "seed {s}");
+        assert_eq!(sim.nodes[1].engine.conn_details(nid(0))[0].credits.queue_depth, 3, "seed {s}");
+    }
 }
