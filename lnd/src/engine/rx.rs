@@ -180,7 +180,13 @@ impl<D: Device> Engine<D> {
     fn finish_waiting(&mut self, txk: usize, status: i32, is_get: bool) {
         if let Some(t) = self.txs.get_mut(txk) {
             t.waiting = false;
-            if status < 0 {
+            // A GET_DONE claiming more bytes than the sink holds cannot be true: the WRITEs
+            // were checked against the sink's registration, so the peer lies about the length.
+            let sink = frags_len(&t.pinned).unwrap_or(usize::MAX);
+            if is_get && status > 0 && status as usize > sink {
+                self.stats.protocol_errors += 1;
+                t.fail(err(Errno::EPROTO, Health::RemoteError));
+            } else if status < 0 {
                 t.fail(err(Errno::from_raw(status).unwrap_or(Errno::EIO), Health::RemoteError));
             } else if is_get {
                 t.reply_len = Some(status as usize);

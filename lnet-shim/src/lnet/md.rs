@@ -286,6 +286,11 @@ impl State {
         }
     }
 
+    /// The length of MD `id` (0 once it is gone).
+    pub(super) fn md_length(&self, id: u64) -> u64 {
+        self.mds.get(&id).map_or(0, |rec| rec.length)
+    }
+
     /// Takes the response `op` waits for on MD `id`, if still outstanding.
     pub(super) fn take_pending_of(&mut self, id: u64, op: u64) -> Option<Pending> {
         let rec = self.mds.get_mut(&id)?;
@@ -305,7 +310,8 @@ impl State {
     }
 
     /// Unlinks MD `id` (already removed from the portal table): outstanding responses end with
-    /// `-ECANCELED`; an idle MD goes at once with an UNLINK event.
+    /// `-ECANCELED` (after their operation's SEND event if that is still to come: the
+    /// response stays the operation's last event); an idle MD goes at once with an UNLINK event.
     pub(super) fn unlink_md(&mut self, id: u64, work: &mut Work) {
         let pending = match self.mds.get_mut(&id) {
             Some(rec) => {
@@ -315,6 +321,15 @@ impl State {
             None => return,
         };
         for p in pending {
+            if self.msgs.contains_key(&p.op) {
+                // Still sending (a PUT's payload may still be read, a GET's reply still
+                // written): cancelled, but reported after the SEND, by `release_held`.
+                if let Some(rec) = self.mds.get_mut(&id) {
+                    let status = Err(Errno::ECANCELED);
+                    rec.held.push(Held { op: p.op, kind: p.kind, template: p.template, status });
+                }
+                continue;
+            }
             // Not the MD's last event: that is the UNLINK below or a message's completion.
             if let Some(rec) = self.mds.get_mut(&id) {
                 rec.refs = rec.refs.saturating_sub(1);

@@ -542,13 +542,17 @@ impl Lnet {
     }
 
     /// Unlinks an MD (`LNetMDUnlink`). It stops matching at once. Responses it still waits for
-    /// end with `-ECANCELED` events. If no message is using it, an [`EventKind::Unlink`] event
-    /// follows; otherwise the event of the last message using it carries `unlinked`.
+    /// end with `-ECANCELED` events (each after its operation's SEND event). If no message is
+    /// using it, an [`EventKind::Unlink`] event follows; otherwise the event of the last
+    /// message using it carries `unlinked`. An MD already unlinked, explicitly or
+    /// automatically, is [`LnetError::StaleMd`] even while a message still uses it.
     pub fn md_unlink(&self, md: MdHandle) -> Result<(), LnetError> {
         self.inner.run(|st, work| {
             st.check_running()?;
             let id = md.cookie();
-            let rec = st.mds.get(&id).ok_or(LnetError::StaleMd)?;
+            // An MD already unlinked (by a call before, or automatically when it matched) that
+            // still waits for a message is going away: LNet's handle is invalid by then too.
+            let rec = st.mds.get(&id).filter(|rec| !rec.unlinked).ok_or(LnetError::StaleMd)?;
             if let Some(h) = rec.attached {
                 // Already gone from the table if it was auto-unlinked: nothing more to remove.
                 let _ = st.table.md_unlink(h);

@@ -270,6 +270,13 @@ impl State {
                 self.md_event(md, EventKind::Send, &template, status, true, work);
                 self.release_held(md, token, work);
                 match result {
+                    // More than the MD holds: the LND (or the peer behind it) is wrong, and an
+                    // event with that mlength would send the caller outside its buffer.
+                    Ok(SendStatus { reply_len: Some(n) }) if n as u64 > self.md_length(md) => {
+                        if let Some(p) = self.take_pending_of(md, token) {
+                            self.md_event(md, EventKind::Reply, &p.template, Err(Errno::EPROTO), true, work);
+                        }
+                    }
                     Ok(SendStatus { reply_len: Some(n) }) => {
                         if let Some(p) = self.take_pending_of(md, token) {
                             let mut t = p.template;

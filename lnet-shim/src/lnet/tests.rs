@@ -273,19 +273,21 @@ fn threshold_auto_unlink_and_explicit_unlink() {
     assert_eq!((u.kind, u.unlinked, u.md_handle, u.user_ptr), (EventKind::Unlink, true, h, 6));
     assert!(matches!(b.lnet.md_unlink(h), Err(LnetError::StaleMd)));
 
-    // Unlink while a message uses it: no UNLINK event; the waiting ACK is cancelled at once,
-    // the SEND that ends later carries `unlinked`.
+    // Unlink while a message uses it: no UNLINK event, and nothing until the SEND ends (the
+    // LND may still be reading the payload); then the SEND, then the cancelled ACK as the
+    // operation's and the MD's last event. Unlinking it again is refused: it is going away.
     a.lnd.pause();
     let busy = a.lnet.md_bind(Md::contiguous(buf(&[2; 10])).with_events(qa.clone()), Unlink::Retain).unwrap();
     post(&b, 7, 10, MdOptions::OP_PUT, &qb);
     a.lnet.put(busy, AckReq::Ack, b.pid(), PORTAL, 7, 0, 0).unwrap();
     a.lnet.md_unlink(busy).unwrap();
-    let c = next(&qa);
-    assert_eq!((c.kind, c.status, c.unlinked), (EventKind::Ack, Err(Errno::ECANCELED), false));
     no_more(&qa);
+    assert!(matches!(a.lnet.md_unlink(busy), Err(LnetError::StaleMd)));
     a.lnd.resume();
     let s = next(&qa);
-    assert_eq!((s.kind, s.status, s.unlinked), (EventKind::Send, Ok(()), true));
+    assert_eq!((s.kind, s.status, s.unlinked), (EventKind::Send, Ok(()), false));
+    let c = next(&qa);
+    assert_eq!((c.kind, c.status, c.unlinked), (EventKind::Ack, Err(Errno::ECANCELED), true));
     assert_eq!(next(&qb).kind, EventKind::Put);
     // The late ACK finds no MD: dropped and counted. A later ACK on the same wire proves it
     // was processed (the loopback delivers in order).
@@ -697,4 +699,64 @@ fn wait_quiet_waits_for_messages_in_progress() {
     a.lnd.resume();
     assert!(a.lnet.wait_quiet(Duration::from_secs(10)), "quiet once the LND reported it");
     assert_eq!(next(&qb).kind, EventKind::Put);
+}
+
+/// An LND that answers every GET at once with a reply length of its choosing.
+struct ReplyLenLnd {
+    nid: Nid,
+    reply_len: usize,
+    up: Arc<dyn LndUpcalls>,
+}
+
+impl Lnd for ReplyLenLnd {
+    fn nid(&self) -> Nid {
+        self.nid
+    }
+
+    fn send(&self, msg: LndSend) -> Result<(), crate::lnd::LndError> {
+        let reply_len = msg.get_sink.is_some().then_some(self.reply_len);
+        self.up.send_done(msg.token, Ok(crate::lnd::SendStatus { reply_len }));
+        Ok(())
+    }
+
+    fn peers(&self) -> Vec<crate::lnd::PeerInfo> {
+        Vec::new()
+    }
+
+    fn close_peer(&self, _peer: Nid) {}
+
+    fn shutdown(&self) {}
+}
+
+/// A REPLY longer than the MD (an LND or a peer that lies about what it wrote) ends with
+/// `-EPROTO`, never with an `mlength` past the buffer; an honest one is reported as is.
+#[test]
+fn a_reply_longer_than_the_md_is_a_protocol_error() {
+    for (reply_len, want) in
+        [(100, Ok(())), (60, Ok(())), (101, Err(Errno::EPROTO)), (1 << 30, Err(Errno::EPROTO))]
+    {
+        let nid: Nid = "10.0.9.1@o2ib".parse().unwrap();
+        let lnet = Lnet::new(LnetConfig::default());
+        lnet.add_ni(nid, 8, 8, |up| {
+            Ok::<_, std::io::Error>(Arc::new(ReplyLenLnd { nid, reply_len, up }) as Arc<dyn Lnd>)
+        })
+        .unwrap();
+        let q = EventQueue::new(8);
+        let md = Md::contiguous(Arc::new(Buffer::new(100)))
+            .with_threshold(Threshold::Count(2))
+            .with_events(q.clone());
+        let h = lnet.md_bind(md, Unlink::Auto).unwrap();
+        let peer = ProcessId::new("10.0.9.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+        lnet.get(h, peer, PORTAL, 1, 0).unwrap();
+        let (send, reply) = (next(&q), next(&q));
+        assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())));
+        assert_eq!((reply.kind, reply.status, reply.unlinked), (EventKind::Reply, want, true), "{reply_len}");
+        if want.is_ok() {
+            assert_eq!(reply.mlength, reply_len as u64);
+        }
+        let s = lnet.stats();
+        let expect = if want.is_ok() { reply_len as u64 } else { 0 };
+        assert_eq!(s.nis[0].counters.recv_bytes, expect, "{reply_len}");
+        lnet.shutdown();
+    }
 }

@@ -239,3 +239,36 @@ fn an_unexpected_message_type_closes_only_that_connection() {
     assert!(sim.nodes[0].engine.stats().protocol_errors >= 1);
     let _ = Errno::EPROTO;
 }
+
+#[test]
+fn a_get_done_claiming_more_than_the_sink_fails_the_get_with_eproto() {
+    // GET_DONE's status (48 + 8 cookie = byte 56) claims a million bytes for a 1000-byte sink.
+    // The message is well formed, so the connection stays; the GET fails and is counted.
+    let s = seed();
+    let mut sim = sim_with_hostile(
+        s,
+        on_type(MsgType::GetDone, |m| m[56..60].copy_from_slice(&1_000_000i32.to_le_bytes())),
+    );
+    sim.nodes[1].lnet.post_source(3, vec![Frag::whole(filled(3, 1000))]);
+    let sink = Arc::new(Buffer::new(1000));
+    let (a, b) = (nid(0), nid(1));
+    let get = lnet_shim::lnd::LndSend {
+        target: b,
+        hdr: get_hdr(a, b, 3, 1000),
+        payload: vec![],
+        get_sink: Some(vec![Frag::whole(sink.clone())]),
+        token: 3,
+    };
+    sim.nodes[0].engine.send(sim.now, get).unwrap();
+    let r = sim.wait_send(0, 3, 1_000_000);
+    assert_eq!(
+        r.map_err(|e| e.errno),
+        Err(Errno::EPROTO),
+        "seed {s}: the GET fails, no reply_len past the sink"
+    );
+    assert_eq!(sim.nodes[0].engine.stats().protocol_errors, 1, "seed {s}");
+    // The bytes the peer wrote are its own business (inside the sink); nothing else changed.
+    assert_eq!(sink.to_vec(0, 1000).unwrap(), filled(3, 1000).to_vec(0, 1000).unwrap(), "seed {s}");
+    sim.gather();
+    assert_eq!(sim.sends[&(0, 3)].0, 1, "seed {s}: completed exactly once");
+}
