@@ -483,6 +483,11 @@ impl<D: Device> Engine<D> {
             self.set_deadline(now, t);
         }
         for (rx, len) in early {
+            // One of them may close the connection (a protocol error): the rest go with it,
+            // as the receives of any closed connection do.
+            if self.conns.get(key).is_none_or(|c| c.state != ConnState::Established) {
+                break;
+            }
             self.handle_rx(now, key, rx, len);
         }
         self.dirty.insert(key);

@@ -253,6 +253,9 @@ pub struct Engine<D: Device> {
     reap_keys: Vec<usize>,
     fd_changes: Vec<FdChange>,
     dirty: BTreeSet<usize>,
+    /// Connections whose NOOP found no free descriptor: retried when any descriptor comes
+    /// back (o2iblnd's connd re-checks `kiblnd_need_noop` on every connection for this).
+    noop_starved: Vec<usize>,
     next_scan: Instant,
     stats: EngineStats,
     shutdown: bool,
@@ -329,6 +332,7 @@ impl<D: Device> Engine<D> {
             reap_keys: Vec::new(),
             fd_changes: Vec::new(),
             dirty: BTreeSet::new(),
+            noop_starved: Vec::new(),
             next_scan: Instant::ZERO,
             stats: EngineStats::default(),
             shutdown: false,
@@ -592,11 +596,14 @@ impl<D: Device> Engine<D> {
         }
         if let Some(c) = tx.conn.and_then(|k| self.conns.get_mut(k)) {
             c.active_txs.retain(|&t| t != key);
-            if c.noop_starved {
+        }
+        // A descriptor is free: every connection that could not get one for its NOOP tries
+        // again, whichever connection this transmit was on (else a receive-only connection
+        // would keep its peer's credits until the keepalive, after the peer's sends expired).
+        for k in std::mem::take(&mut self.noop_starved) {
+            if let Some(c) = self.conns.get_mut(k) {
                 c.noop_starved = false;
-                if let Some(k) = tx.conn {
-                    self.dirty.insert(k);
-                }
+                self.dirty.insert(k);
             }
         }
         match tx.upper {
@@ -763,7 +770,10 @@ impl<D: Device> Engine<D> {
                         }
                         None => {
                             if let Some(c) = self.conns.get_mut(key) {
-                                c.noop_starved = true;
+                                if !c.noop_starved {
+                                    c.noop_starved = true;
+                                    self.noop_starved.push(key);
+                                }
                             }
                             return;
                         }
@@ -849,7 +859,10 @@ impl<D: Device> Engine<D> {
         tx.queued = false;
         conn.sending += 1;
         conn.last_send = now;
-        conn.active_txs.push(txk);
+        if !conn.active_txs.contains(&txk) {
+            // A PUT's PUT_DONE is posted by the transmit that posted its PUT_REQ.
+            conn.active_txs.push(txk);
+        }
         self.stats.tx_msgs += 1;
         self.stats.tx_bytes += u64::from(tx.nob);
         self.stats.rdma_bytes += rdma_bytes;

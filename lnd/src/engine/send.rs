@@ -390,6 +390,12 @@ impl<D: Device> Engine<D> {
 
     /// Queues a transmit on a connection's credit queues.
     pub(super) fn queue_on_conn(&mut self, key: usize, txk: usize) {
+        if self.conns.get(key).is_none_or(|c| c.state != ConnState::Established) {
+            // `kiblnd_queue_tx_locked` on a dead connection: a closing one's queues were
+            // drained when it closed, so a transmit queued now would wait for its deadline.
+            self.abort_tx(txk, err(Errno::ECONNABORTED, Health::LocalError));
+            return;
+        }
         let Some(t) = self.txs.get_mut(txk) else { return };
         let Some(c) = self.conns.get_mut(key) else { return };
         t.conn = Some(key);

@@ -365,3 +365,43 @@ fn regression_zero_length_get_is_one_empty_fragment() {
     assert_eq!(sim.nodes[1].engine.stats().protocol_errors, 0, "seed {s}");
     assert_eq!(sim.nodes[0].engine.conn_details(nid(1)).len(), 1, "seed {s}: the connection stays up");
 }
+
+/// Node 0's descriptor pool (`ntx` 16) is empty while it owes node 1 credits for a stream of
+/// IMMEDIATEs: 14 sends wait for a connection to a dead node 3 and 2 PUT_ACKs for node 2, which
+/// then goes silent. Its NOOP finds no descriptor. The descriptors come back on *other*
+/// connections (node 2's dies, node 3's connect times out); the NOOP must then go, or node 1
+/// stays without credits until node 0's keepalive (100 s), after its own sends expired (50 s).
+#[test]
+fn a_starved_noop_goes_when_a_descriptor_frees_on_another_connection() {
+    let s = seed();
+    let mut t = tunables();
+    t.ntx = 16;
+    t.finalize().unwrap();
+    let dead = FaultConfig::symmetric(DirFaults { drop: 1.0, ..DirFaults::NONE });
+    let mut sim = Sim::new(s, 4, &t, FaultConfig::NONE);
+    sim.nodes[3].engine.device().set_faults(dead);
+    sim.put(1, 0, 1, 8);
+    sim.put(2, 0, 2, 8);
+    assert!(sim.wait_send(1, 1, 100_000).is_ok(), "seed {s}");
+    assert!(sim.wait_send(2, 2, 100_000).is_ok(), "seed {s}");
+    let (from, to) = (nid(0), nid(3));
+    for tag in 100..114 {
+        let payload = vec![Frag::whole(filled(tag, 8))];
+        let msg = LndSend { target: to, hdr: put_hdr(from, to, tag, 8), payload, get_sink: None, token: tag };
+        sim.nodes[0].engine.send(sim.now, msg).unwrap();
+    }
+    sim.step();
+    assert_eq!(sim.nodes[0].engine.slots.available(), 2, "seed {s}: the reply reserve is left");
+    sim.put(2, 0, 200, 65536);
+    sim.put(2, 0, 201, 65536);
+    assert!(sim.run_until(10_000, |sim| sim.nodes[0].engine.slots.available() == 0), "seed {s}");
+    sim.nodes[2].engine.device().set_faults(dead);
+    for tag in 1000..1040 {
+        sim.put(1, 0, tag, 100);
+    }
+    sim.run_for(Duration::from_secs(45));
+    sim.gather();
+    let ok = (1000..1040).filter(|t| sim.sends.get(&(1, *t)).is_some_and(|r| r.1.is_ok())).count();
+    assert_eq!(ok, 40, "seed {s}: node 1's stream stalled without credits");
+    assert_eq!(sim.nodes[1].engine.stats().tx_timeouts, 0, "seed {s}");
+}

@@ -20,10 +20,19 @@ use crate::wire::{IBLND_MSG_MAGIC, MsgType};
 
 type Rule = Box<dyn FnMut(&mut Vec<u8>) -> bool + Send>;
 
-/// A wire that lets `rule` rewrite the o2iblnd message in an RC SEND ONLY frame, once.
+/// A wire that lets `rule` rewrite the o2iblnd message in an RC SEND ONLY frame, once, and
+/// drops the first `rtus_to_drop` CM RTUs it sends.
 struct TamperWire {
     inner: SimPort,
     rule: Arc<Mutex<Option<Rule>>>,
+    rtus_to_drop: u32,
+}
+
+/// Whether `pkt` carries a CM RTU (a MAD on QP1 with attribute ID 0x0014).
+fn is_rtu(pkt: &packet::Packet<'_>) -> bool {
+    pkt.headers.bth.opcode == Opcode::UdSendOnly
+        && pkt.payload.len() >= crate::cm::mad::MAD_LEN
+        && pkt.payload.get(16..18) == Some(&crate::cm::mad::attr::RTU.to_be_bytes()[..])
 }
 
 impl Wire for TamperWire {
@@ -34,6 +43,10 @@ impl Wire for TamperWire {
         self.inner.udp_port()
     }
     fn send(&mut self, now: Instant, dst: Ipv4Addr, frame: &[u8]) -> io::Result<()> {
+        if self.rtus_to_drop > 0 && packet::parse_unchecked(frame).is_ok_and(|p| is_rtu(&p)) {
+            self.rtus_to_drop -= 1;
+            return Ok(());
+        }
         let mut rule = self.rule.lock().unwrap();
         if let (Some(r), Ok(pkt)) = (rule.as_mut(), packet::parse_unchecked(frame)) {
             let is_msg = pkt.headers.bth.opcode == Opcode::RcSendOnly
@@ -65,8 +78,17 @@ impl Wire for TamperWire {
 
 /// Three nodes; node 1's outgoing messages pass through `rule`.
 fn sim_with_hostile(s: u64, rule: Rule) -> Sim {
+    sim_with_hostile_dropping_rtus(s, rule, 0)
+}
+
+/// [`sim_with_hostile`], and node 1's first `rtus` CM RTUs are lost.
+fn sim_with_hostile_dropping_rtus(s: u64, rule: Rule, rtus: u32) -> Sim {
     let mut sim = Sim::new(s, 3, &tunables(), FaultConfig::NONE);
-    let wire = TamperWire { inner: sim.net.attach(ip(1)), rule: Arc::new(Mutex::new(Some(rule))) };
+    let wire = TamperWire {
+        inner: sim.net.attach(ip(1)),
+        rule: Arc::new(Mutex::new(Some(rule))),
+        rtus_to_drop: rtus,
+    };
     let dev = SoftDevice::with_wire(Box::new(wire), SoftConfig { seed: s ^ 1, ..SoftConfig::default() });
     let lnet = Arc::new(TestLnet::default());
     let cfg = EngineConfig::new(nid(1), tunables(), 1001, s ^ 0x1111);
@@ -271,4 +293,42 @@ fn a_get_done_claiming_more_than_the_sink_fails_the_get_with_eproto() {
     assert_eq!(sink.to_vec(0, 1000).unwrap(), filled(3, 1000).to_vec(0, 1000).unwrap(), "seed {s}");
     sim.gather();
     assert_eq!(sim.sends[&(0, 3)].0, 1, "seed {s}: completed exactly once");
+}
+
+/// Node 1's first RTU is lost, so node 0 holds node 1's first messages as early receives until
+/// the retransmitted REP brings another RTU. The first of them carries an impossible credit
+/// count, which closes the connection as soon as it is handled: the PUT_REQ behind it must not
+/// reach LNet on the closed connection (its PUT_ACK would have waited there, holding a
+/// descriptor, until its deadline 50 s later, then failed LNet's receive with ETIMEDOUT).
+#[test]
+fn early_receives_after_one_closed_the_connection_are_dropped_with_it() {
+    let s = seed();
+    let mut sim = sim_with_hostile_dropping_rtus(s, on_type(MsgType::Immediate, |m| m[7] = 200), 1);
+    let (a, b) = (nid(1), nid(0));
+    for (tag, len) in [(1u64, 500usize), (2, 70_000)] {
+        sim.nodes[0].lnet.post_sink(tag, vec![Frag::whole(Arc::new(Buffer::new(len)))], len);
+        let msg = lnet_shim::lnd::LndSend {
+            target: b,
+            hdr: put_hdr(a, b, tag, len),
+            payload: vec![Frag::whole(filled(tag, len))],
+            get_sink: None,
+            token: tag,
+        };
+        sim.nodes[1].engine.send(sim.now, msg).unwrap();
+    }
+    let mut early = 0;
+    let closed = sim.run_until(5_000_000, |sim| {
+        early = early.max(sim.nodes[0].engine.conns.iter().map(|(_, c)| c.early_rx.len()).max().unwrap_or(0));
+        sim.nodes[0].engine.stats().protocol_errors > 0
+    });
+    assert!(closed && early >= 2, "seed {s}: both messages were early receives ({early}), then the close");
+    assert_eq!(
+        sim.nodes[0].engine.tx_descriptors().0,
+        0,
+        "seed {s}: nothing queued on the closed connection"
+    );
+    sim.run_for(Duration::from_secs(60));
+    sim.gather();
+    assert!(!sim.recvs.contains_key(&(0, 2)), "seed {s}: the PUT reached LNet: {:?}", sim.recvs.get(&(0, 2)));
+    assert_eq!(sim.nodes[0].engine.stats().tx_timeouts, 0, "seed {s}");
 }
