@@ -5,7 +5,8 @@
 //! receives, send a REQ whose private data is the CONNREQ; on the REP check the CONNACK, move
 //! the QP to RTR/RTS with the peer's QPN and start PSN, send the RTU. Passive: check the CONNREQ
 //! in o2iblnd's order, create the connection with the requester's queue depth (or less), move
-//! the QP to RTR/RTS, reply with a CONNACK; established on the RTU or on COMM_EST.
+//! the QP to RTR/RTS, reply with a CONNACK; established on the RTU, on COMM_EST, or on the first
+//! message received (which only a peer that got the REP can send: a lost RTU delays nothing).
 //!
 //! PSNs follow seed 000: each side's start PSN travels in its REQ/REP and the peer adopts it as
 //! its receive queue's expected PSN.

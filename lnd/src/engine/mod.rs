@@ -549,7 +549,17 @@ impl<D: Device> Engine<D> {
         }
         match conn.state {
             ConnState::Established => self.handle_rx(now, key, rx, wc.byte_len),
-            ConnState::ActiveConnect | ConnState::PassiveWait => conn.early_rx.push((rx, wc.byte_len)),
+            ConnState::ActiveConnect => conn.early_rx.push((rx, wc.byte_len)),
+            ConnState::PassiveWait => {
+                // Only the peer that got our REP knows this QP's number and PSN: its message
+                // stands for the RTU, as COMM_EST does (`rdma_notify`). Without that, a lost
+                // RTU (every retry of it) would fail the accept while the peer, established,
+                // had its sends acknowledged, and these receives would be lost.
+                conn.early_rx.push((rx, wc.byte_len));
+                if let Some(id) = conn.cm_id {
+                    self.cm.notify_comm_est(now, id);
+                }
+            }
             ConnState::Closing => {}
         }
     }

@@ -1,7 +1,8 @@
 //! A misbehaving peer: node 1's wire rewrites one o2iblnd message it sends (and reseals the
 //! ICRC, so the transport delivers it). Node 0 must close only its connection to node 1, fail
 //! what it had pending there exactly once, write nothing outside the buffers LNet gave it, and
-//! keep serving node 2.
+//! keep serving node 2. The same wire also loses node 1's CM RTUs, for the messages that
+//! arrive before (or instead of) them.
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -296,10 +297,11 @@ fn a_get_done_claiming_more_than_the_sink_fails_the_get_with_eproto() {
 }
 
 /// Node 1's first RTU is lost, so node 0 holds node 1's first messages as early receives until
-/// the retransmitted REP brings another RTU. The first of them carries an impossible credit
-/// count, which closes the connection as soon as it is handled: the PUT_REQ behind it must not
-/// reach LNet on the closed connection (its PUT_ACK would have waited there, holding a
-/// descriptor, until its deadline 50 s later, then failed LNet's receive with ETIMEDOUT).
+/// the first of them stands for the RTU (here both complete in one CQ poll, before the CM has
+/// heard of it). That first one carries an impossible credit count,
+/// which closes the connection as soon as it is handled. Nothing may be queued on the closed
+/// connection: a PUT_ACK for the PUT_REQ behind it waited there, holding a descriptor, until
+/// its deadline 50 s later, then failed LNet's receive with ETIMEDOUT.
 #[test]
 fn early_receives_after_one_closed_the_connection_are_dropped_with_it() {
     let s = seed();
@@ -316,12 +318,18 @@ fn early_receives_after_one_closed_the_connection_are_dropped_with_it() {
         };
         sim.nodes[1].engine.send(sim.now, msg).unwrap();
     }
-    let mut early = 0;
-    let closed = sim.run_until(5_000_000, |sim| {
-        early = early.max(sim.nodes[0].engine.conns.iter().map(|(_, c)| c.early_rx.len()).max().unwrap_or(0));
-        sim.nodes[0].engine.stats().protocol_errors > 0
-    });
-    assert!(closed && early >= 2, "seed {s}: both messages were early receives ({early}), then the close");
+    // Node 0 stops polling once it has sent its REP (node 1 is established), so that both
+    // messages complete on its CQ in one poll, before the CM hears that they stand for the RTU.
+    let up = sim.run_until(1_000_000, |sim| sim.nodes[1].engine.stats().conns_established > 0);
+    assert!(up, "seed {s}");
+    for _ in 0..200 {
+        let now = sim.now;
+        sim.nodes[1].engine.poll(now);
+        let next = sim.nodes[1].engine.next_deadline().unwrap_or(now + Duration::from_micros(10));
+        sim.now = next.max(now + Duration::from_micros(1)).min(now + Duration::from_micros(50));
+    }
+    let closed = sim.run_until(5_000_000, |sim| sim.nodes[0].engine.stats().protocol_errors > 0);
+    assert!(closed, "seed {s}: the bad message closed the connection");
     assert_eq!(
         sim.nodes[0].engine.tx_descriptors().0,
         0,
@@ -329,6 +337,45 @@ fn early_receives_after_one_closed_the_connection_are_dropped_with_it() {
     );
     sim.run_for(Duration::from_secs(60));
     sim.gather();
-    assert!(!sim.recvs.contains_key(&(0, 2)), "seed {s}: the PUT reached LNet: {:?}", sim.recvs.get(&(0, 2)));
-    assert_eq!(sim.nodes[0].engine.stats().tx_timeouts, 0, "seed {s}");
+    // The PUT either never reached LNet (it was an early receive behind the bad one) or it was
+    // still on the CQ when the close reaped it, and its receive ended with the close's error.
+    if let Some(&(n, r)) = sim.recvs.get(&(0, 2)) {
+        assert_eq!((n, r.map_err(|e| e.errno)), (1, Err(Errno::EPROTO)), "seed {s}");
+    }
+    assert_eq!(sim.nodes[0].engine.stats().tx_timeouts, 0, "seed {s}: nothing waited for its deadline");
+}
+
+/// Every RTU of node 1 is lost. Node 1 is established (it sent the RTU) and its IMMEDIATE is
+/// acknowledged by node 0's QP, so its LNet is told "sent": node 0 must deliver it. The first
+/// receive on the accepting connection stands for the RTU, as IB's COMM_EST does; without that
+/// the accept failed when the REP retries ran out and the message was dropped with it.
+#[test]
+fn a_message_that_arrives_instead_of_the_rtu_establishes_the_connection() {
+    let s = seed();
+    let mut sim = sim_with_hostile_dropping_rtus(s, Box::new(|_: &mut Vec<u8>| false), u32::MAX);
+    let (a, b) = (nid(1), nid(0));
+    let sink = Arc::new(Buffer::new(500));
+    sim.nodes[0].lnet.post_sink(1, vec![Frag::whole(sink.clone())], 500);
+    let msg = lnet_shim::lnd::LndSend {
+        target: b,
+        hdr: put_hdr(a, b, 1, 500),
+        payload: vec![Frag::whole(filled(1, 500))],
+        get_sink: None,
+        token: 1,
+    };
+    sim.nodes[1].engine.send(sim.now, msg).unwrap();
+    assert!(sim.wait_send(1, 1, 1_000_000).is_ok(), "seed {s}");
+    let delivered = sim.run_until(1_000_000, |sim| {
+        sim.gather();
+        sim.recvs.contains_key(&(0, 1))
+    });
+    assert!(delivered, "seed {s}: the sender was told 'sent', the receiver must have it");
+    assert_eq!(sim.recvs[&(0, 1)], (1, Ok(500)), "seed {s}");
+    assert_eq!(sink.to_vec(0, 500).unwrap(), filled(1, 500).to_vec(0, 500).unwrap(), "seed {s}");
+    // And the connection stays up both ways.
+    sim.run_for(Duration::from_secs(30));
+    assert_eq!(sim.nodes[0].engine.conn_details(nid(1)).len(), 1, "seed {s}");
+    let back = sim.put(0, 1, 2, 3000);
+    assert!(sim.wait_send(0, 2, 1_000_000).is_ok(), "seed {s}");
+    assert_eq!(back.to_vec(0, 3000).unwrap(), filled(2, 3000).to_vec(0, 3000).unwrap(), "seed {s}");
 }
