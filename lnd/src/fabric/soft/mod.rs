@@ -1180,4 +1180,6 @@ impl Drop for SoftQp {
 }
 
 #[cfg(test)]
+mod rc_tests;
+#[cfg(test)]
 mod tests;

@@ -57,6 +57,8 @@ const ACK_QUEUE_MAX: usize = 8;
 
 /// Most PSNs placed WRITEs may have outstanding (2^22: half the unambiguous PSN window).
 const PLACED_PSN_WINDOW: i64 = 1 << 22;
+/// The most PSNs the posted send queue may span (a quarter of the 24-bit space).
+const SQ_PSN_SPAN: i64 = 1 << 22;
 
 /// What the responder needs to execute same-host placement requests ([`super::place`]).
 pub(crate) struct PlaceCtx<'a> {
@@ -472,6 +474,16 @@ impl RcQp {
             None
         };
         let npkts = len.div_ceil(self.mtu).max(1);
+        // PSNs are assigned here, at post time: the send queue may not span more than
+        // SQ_PSN_SPAN, or PSN comparisons (which see half the 24-bit space) would wrap and
+        // take an unsent WQE for acknowledged. rxe assigns them at first transmission instead.
+        let oldest = self.sq.front().map_or(self.sq_next_psn, |w| w.first_psn);
+        let span = i64::from(psn_diff(self.sq_next_psn, oldest)) + i64::from(npkts);
+        if span > SQ_PSN_SPAN {
+            return Err(
+                "send queue would span more than 2^22 packets (16 GiB at MTU 4096, 1 GiB at MTU 256)",
+            );
+        }
         let first_psn = self.sq_next_psn;
         self.sq_next_psn = psn_add(self.sq_next_psn, npkts);
         self.sq.push_back(SendWqe {
@@ -646,8 +658,10 @@ impl RcQp {
                 if op.is_last() {
                     self.msn = (self.msn + 1) & packet::PSN_MASK;
                 }
-                // A gap this packet filled is no longer worth a NAK.
-                self.acks.retain(|a| !matches!(a, PendingAck::Nak { code: NakCode::PsnSequenceError, .. }));
+                // A sequence NAK still queued stays: the packets after the gap this one filled
+                // were discarded, and only the NAK makes the requester resend them (withdrawn,
+                // a reordered MIDDLE cost a retransmission timeout, or hung a QP whose timeout
+                // is infinite). A NAK for a PSN already passed is harmless to the requester.
                 if bth.ack_req {
                     self.ack_expected();
                 }
