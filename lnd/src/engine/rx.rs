@@ -182,8 +182,9 @@ impl<D: Device> Engine<D> {
             t.waiting = false;
             // A GET_DONE claiming more bytes than the sink holds cannot be true: the WRITEs
             // were checked against the sink's registration, so the peer lies about the length.
-            let sink = frags_len(&t.pinned).unwrap_or(usize::MAX);
-            if is_get && status > 0 && status as usize > sink {
+            let too_long =
+                is_get && status > 0 && frags_len(&t.pinned).is_some_and(|sink| status as usize > sink);
+            if too_long {
                 self.stats.protocol_errors += 1;
                 t.fail(err(Errno::EPROTO, Health::RemoteError));
             } else if status < 0 {

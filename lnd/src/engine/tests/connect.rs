@@ -384,11 +384,8 @@ fn a_starved_noop_goes_when_a_descriptor_frees_on_another_connection() {
     sim.put(2, 0, 2, 8);
     assert!(sim.wait_send(1, 1, 100_000).is_ok(), "seed {s}");
     assert!(sim.wait_send(2, 2, 100_000).is_ok(), "seed {s}");
-    let (from, to) = (nid(0), nid(3));
     for tag in 100..114 {
-        let payload = vec![Frag::whole(filled(tag, 8))];
-        let msg = LndSend { target: to, hdr: put_hdr(from, to, tag, 8), payload, get_sink: None, token: tag };
-        sim.nodes[0].engine.send(sim.now, msg).unwrap();
+        sim.put(0, 3, tag, 8);
     }
     sim.step();
     assert_eq!(sim.nodes[0].engine.slots.available(), 2, "seed {s}: the reply reserve is left");

@@ -306,18 +306,8 @@ fn a_get_done_claiming_more_than_the_sink_fails_the_get_with_eproto() {
 fn early_receives_after_one_closed_the_connection_are_dropped_with_it() {
     let s = seed();
     let mut sim = sim_with_hostile_dropping_rtus(s, on_type(MsgType::Immediate, |m| m[7] = 200), 1);
-    let (a, b) = (nid(1), nid(0));
-    for (tag, len) in [(1u64, 500usize), (2, 70_000)] {
-        sim.nodes[0].lnet.post_sink(tag, vec![Frag::whole(Arc::new(Buffer::new(len)))], len);
-        let msg = lnet_shim::lnd::LndSend {
-            target: b,
-            hdr: put_hdr(a, b, tag, len),
-            payload: vec![Frag::whole(filled(tag, len))],
-            get_sink: None,
-            token: tag,
-        };
-        sim.nodes[1].engine.send(sim.now, msg).unwrap();
-    }
+    sim.put(1, 0, 1, 500);
+    sim.put(1, 0, 2, 70_000);
     // Node 0 stops polling once it has sent its REP (node 1 is established), so that both
     // messages complete on its CQ in one poll, before the CM hears that they stand for the RTU.
     let up = sim.run_until(1_000_000, |sim| sim.nodes[1].engine.stats().conns_established > 0);
@@ -353,17 +343,7 @@ fn early_receives_after_one_closed_the_connection_are_dropped_with_it() {
 fn a_message_that_arrives_instead_of_the_rtu_establishes_the_connection() {
     let s = seed();
     let mut sim = sim_with_hostile_dropping_rtus(s, Box::new(|_: &mut Vec<u8>| false), u32::MAX);
-    let (a, b) = (nid(1), nid(0));
-    let sink = Arc::new(Buffer::new(500));
-    sim.nodes[0].lnet.post_sink(1, vec![Frag::whole(sink.clone())], 500);
-    let msg = lnet_shim::lnd::LndSend {
-        target: b,
-        hdr: put_hdr(a, b, 1, 500),
-        payload: vec![Frag::whole(filled(1, 500))],
-        get_sink: None,
-        token: 1,
-    };
-    sim.nodes[1].engine.send(sim.now, msg).unwrap();
+    let sink = sim.put(1, 0, 1, 500);
     assert!(sim.wait_send(1, 1, 1_000_000).is_ok(), "seed {s}");
     let delivered = sim.run_until(1_000_000, |sim| {
         sim.gather();
