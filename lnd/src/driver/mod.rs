@@ -9,7 +9,10 @@
 //! interface sleeps (after [`crate::fabric::Device::prepare_to_sleep`], so that same-host
 //! peers writing to shared memory ring its doorbell). LNet's calls ([`Lnd::send`],
 //! [`Lnd::close_peer`], queries) arrive on a lock-free queue (`crossbeam-queue`) and wake it;
-//! upcalls into LNet run on it.
+//! upcalls into LNet run on it. The queue is taken between the two halves of each turn's
+//! engine poll ([`Engine::poll_completions`], [`Engine::poll_finish`]): after the completions,
+//! whose upcalls may have sent (a reply made in an event callback), and before the transmit,
+//! so such a send leaves in the same turn.
 //!
 //! Completion queues are handled the way verbs consumers must: on a CQ fd event the engine
 //! consumes the notification, drains the CQ in batches, re-arms it and drains it once more.
@@ -467,37 +470,12 @@ impl<D: Device> Scheduler<D> {
                 self.spin_until_work(due.min(last_kernel + KERNEL_POLL_INTERVAL));
             }
             let now = self.clock.now();
-            while let Some(cmd) = self.shared.queue.pop() {
-                match cmd {
-                    Cmd::Send(msg) => {
-                        let token = msg.token;
-                        if let Err(e) = self.engine.send(now, msg) {
-                            // Accepted by `Lnd::send`, refused now (shutdown raced it): report.
-                            self.shared.upcalls.send_done(token, Err(e));
-                        }
-                    }
-                    Cmd::ClosePeer(nid) => self.engine.close_peer(now, nid),
-                    Cmd::Peers(tx) => {
-                        let _ = tx.send(self.engine.peers());
-                    }
-                    Cmd::Stats(tx) => {
-                        let _ = tx.send(DriverStats {
-                            engine: self.engine.stats(),
-                            fabric: self.engine.device().stats(),
-                            connections: self.engine.connections(),
-                            tx_descriptors: self.engine.tx_descriptors(),
-                            turns: self.turns,
-                            cm_live: self.engine.cm_live(),
-                            idle: self.engine.is_idle(),
-                        });
-                    }
-                    Cmd::Shutdown => {
-                        self.engine.shutdown(now);
-                        shutdown_deadline = Some(now + SHUTDOWN_GRACE);
-                    }
-                }
-            }
-            let worked = self.engine.poll(now);
+            // LNet's sends are taken between the two halves of the engine's poll: after the
+            // completions (whose upcalls may have queued replies on this thread), before the
+            // transmit, so a reply made in an event callback leaves in the same turn.
+            let turn = self.engine.poll_completions(now);
+            self.take_commands(now, &mut shutdown_deadline);
+            let worked = self.engine.poll_finish(now, turn);
             if worked {
                 last_work = now;
             }
@@ -598,6 +576,40 @@ impl<D: Device> Scheduler<D> {
                     let _ = tx.send(Vec::new());
                 }
                 Cmd::ClosePeer(_) | Cmd::Stats(_) | Cmd::Shutdown => {}
+            }
+        }
+    }
+
+    /// Runs the commands LNet's threads (and this thread's upcalls) queued.
+    fn take_commands(&mut self, now: Instant, shutdown_deadline: &mut Option<Instant>) {
+        while let Some(cmd) = self.shared.queue.pop() {
+            match cmd {
+                Cmd::Send(msg) => {
+                    let token = msg.token;
+                    if let Err(e) = self.engine.send(now, msg) {
+                        // Accepted by `Lnd::send`, refused now (shutdown raced it): report.
+                        self.shared.upcalls.send_done(token, Err(e));
+                    }
+                }
+                Cmd::ClosePeer(nid) => self.engine.close_peer(now, nid),
+                Cmd::Peers(tx) => {
+                    let _ = tx.send(self.engine.peers());
+                }
+                Cmd::Stats(tx) => {
+                    let _ = tx.send(DriverStats {
+                        engine: self.engine.stats(),
+                        fabric: self.engine.device().stats(),
+                        connections: self.engine.connections(),
+                        tx_descriptors: self.engine.tx_descriptors(),
+                        turns: self.turns,
+                        cm_live: self.engine.cm_live(),
+                        idle: self.engine.is_idle(),
+                    });
+                }
+                Cmd::Shutdown => {
+                    self.engine.shutdown(now);
+                    *shutdown_deadline = Some(now + SHUTDOWN_GRACE);
+                }
             }
         }
     }

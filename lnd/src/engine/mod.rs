@@ -218,6 +218,14 @@ pub enum FdChange {
     },
 }
 
+/// What [`Engine::poll_completions`] hands to [`Engine::poll_finish`]: the turn's starting
+/// activity count, so the finished turn can say whether anything happened.
+#[derive(Debug)]
+#[must_use = "a turn is finished with Engine::poll_finish"]
+pub struct PollTurn {
+    before: u64,
+}
+
 /// One o2iblnd network interface on one device.
 pub struct Engine<D: Device> {
     dev: D,
@@ -427,7 +435,19 @@ impl<D: Device> Engine<D> {
     /// Does all work due at `now`: device progress, CM, completions, timers, posting. Returns
     /// whether anything happened (frames moved, messages or completions handled), which a
     /// driver uses to decide whether to keep polling or to sleep.
+    ///
+    /// It is [`Engine::poll_completions`] followed by [`Engine::poll_finish`]; a driver that
+    /// takes LNet's sends between the two halves lets a send an upcall queued (a reply made in
+    /// an event callback) go out in the same turn.
     pub fn poll(&mut self, now: Instant) -> bool {
+        let turn = self.poll_completions(now);
+        self.poll_finish(now, turn)
+    }
+
+    /// The first half of a poll: device progress (frames received), CM, async events and the
+    /// completions reaped, so every upcall of the turn has run. Sends taken before
+    /// [`Engine::poll_finish`] are posted and transmitted in this turn.
+    pub fn poll_completions(&mut self, now: Instant) -> PollTurn {
         let before = self.activity();
         if let Err(e) = self.dev.progress(now) {
             // A device error is not a protocol event; the fabric retries on the next call.
@@ -446,6 +466,13 @@ impl<D: Device> Engine<D> {
             self.handle_cm_event(now, ev);
         }
         self.reap_completions(now);
+        PollTurn { before }
+    }
+
+    /// The second half of a poll: timeouts, waiting transmits, queued sends posted, CM MADs
+    /// sent, and device progress (frames transmitted). Returns whether anything happened in
+    /// the whole turn.
+    pub fn poll_finish(&mut self, now: Instant, turn: PollTurn) -> bool {
         self.expire(now);
         if now >= self.next_scan {
             self.next_scan = now + SCAN_INTERVAL;
@@ -460,7 +487,7 @@ impl<D: Device> Engine<D> {
         }
         let _ = self.dev.progress(now);
         self.take_signalled();
-        self.activity() != before
+        self.activity() != turn.before
     }
 
     /// A counter that moves whenever the engine or its device does something.

@@ -874,3 +874,38 @@ fn a_put_whose_put_done_arrived_succeeds_at_the_sink_when_the_source_hangs_up_at
     }
     assert!(sink_errors.is_empty(), "sinks failed after their PUT_DONE arrived: {sink_errors:?}");
 }
+
+/// The driver takes LNet's sends between the two halves of a poll: a reply an upcall queued
+/// while the first half reaped the request is transmitted by the second half of the same
+/// turn, not a turn later (a ping's round trip was one scheduler turn longer per side).
+#[test]
+fn a_send_taken_between_the_halves_of_a_poll_leaves_in_that_turn() {
+    let s = seed();
+    let mut sim = Sim::new(s, 2, &tunables(), FaultConfig::NONE);
+    sim.put(0, 1, 1, 8);
+    assert!(sim.wait_send(0, 1, 10_000).is_ok(), "seed {s}");
+    sim.run_for(Duration::from_millis(1));
+    sim.nodes[1].lnet.take_recv_done();
+    sim.put(0, 1, 2, 8);
+    let mut arrived = None;
+    for _ in 0..10_000 {
+        let now = sim.now;
+        sim.nodes[0].engine.poll(now);
+        let turn = sim.nodes[1].engine.poll_completions(now);
+        if !sim.nodes[1].lnet.take_recv_done().is_empty() {
+            arrived = Some(turn);
+            break;
+        }
+        sim.nodes[1].engine.poll_finish(now, turn);
+        let next = sim.nodes.iter().filter_map(|n| n.engine.next_deadline()).min();
+        sim.now = sim.now.max(next.expect("something is in flight"));
+    }
+    let turn = arrived.unwrap_or_else(|| panic!("seed {s}: the request never arrived"));
+    // The reply, sent as an event callback's LNet put would be.
+    sim.put(1, 0, 3, 8);
+    let before = sim.nodes[1].engine.device().stats().tx_packets;
+    sim.nodes[1].engine.poll_finish(sim.now, turn);
+    let after = sim.nodes[1].engine.device().stats().tx_packets;
+    assert_eq!(after, before + 1, "seed {s}: the reply's frame left in the turn that reaped the request");
+    assert!(sim.wait_send(1, 3, 10_000).is_ok(), "seed {s}");
+}
