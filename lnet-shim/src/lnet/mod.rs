@@ -344,9 +344,17 @@ struct Inner {
     /// call even with nobody waiting).
     quiet: Condvar,
     quiet_waiters: AtomicUsize,
+    /// Events queued under `state` for whoever delivers next, in order.
     outbox: Mutex<VecDeque<(EventSink, Event)>>,
+    /// How many events `outbox` holds (changed under its lock): a run that queues none looks
+    /// here instead of locking the outbox.
+    outbox_len: AtomicUsize,
+    /// Held by the one thread delivering events; its batch.
     delivering: Mutex<VecDeque<(EventSink, Event)>>,
 }
+
+/// The delivery lock, held by the thread that delivers events (its batch inside).
+type Deliverer<'a> = MutexGuard<'a, VecDeque<(EventSink, Event)>>;
 
 /// Shuts LNet down when the last user handle goes (never from an LND thread: LNDs hold only
 /// weak references).
@@ -402,6 +410,7 @@ impl Lnet {
             quiet: Condvar::new(),
             quiet_waiters: AtomicUsize::new(0),
             outbox: Mutex::new(VecDeque::new()),
+            outbox_len: AtomicUsize::new(0),
             delivering: Mutex::new(VecDeque::new()),
         });
         Lnet { _owner: Arc::new(Owner(inner.clone())), inner }
@@ -644,25 +653,48 @@ impl Inner {
 
     /// Runs `f` under the lock, queues its events in order, then (unlocked) starts its sends
     /// and delivers events.
+    ///
+    /// Events are delivered in the order they were queued under the lock, by one thread at a
+    /// time. A run whose events find nothing queued before them and nobody delivering takes
+    /// the delivery lock while it still holds the state lock (`try_lock`: it never waits for
+    /// it there) and delivers its own events without going through the outbox; anything
+    /// queued meanwhile is in the outbox, which it drains before letting go.
     fn run<R>(&self, f: impl FnOnce(&mut State, &mut Work) -> R) -> R {
         let mut work = Work::take();
-        let r = {
+        let (r, deliverer) = {
             let mut st = self.lock();
             let r = f(&mut st, &mut work);
             if st.msgs.is_empty() && self.quiet_waiters.load(Ordering::Relaxed) > 0 {
                 self.quiet.notify_all();
             }
+            let mut deliverer = None;
             if !work.events.is_empty() {
-                self.outbox.lock().unwrap_or_else(PoisonError::into_inner).extend(work.events.drain(..));
+                // The outbox grows only under the state lock, which this thread holds.
+                let first = self.outbox_len.load(Ordering::Acquire) == 0;
+                match self.try_deliverer().filter(|_| first) {
+                    Some(mut batch) => {
+                        batch.extend(work.events.drain(..));
+                        deliverer = Some(batch);
+                    }
+                    None => self.queue_events(&mut work.events),
+                }
             }
-            r
+            (r, deliverer)
         };
-        self.finish(work);
+        self.finish(work, deliverer);
         r
     }
 
-    /// Starts the sends gathered under the lock, then delivers pending events.
-    fn finish(&self, mut work: Work) {
+    /// Appends `events` to the outbox (under the state lock, so in order).
+    fn queue_events(&self, events: &mut Vec<(EventSink, Event)>) {
+        let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+        outbox.extend(events.drain(..));
+        self.outbox_len.store(outbox.len(), Ordering::Release);
+    }
+
+    /// Starts the sends gathered under the lock, then delivers pending events (first those of
+    /// `deliverer`'s batch, when this thread holds the delivery lock).
+    fn finish(&self, mut work: Work, deliverer: Option<Deliverer<'_>>) {
         while let Some(out) = work.sends.pop_front() {
             match out {
                 Outgoing::Lnd { lnd, msg } => {
@@ -676,7 +708,10 @@ impl Inner {
             }
         }
         work.recycle();
-        self.flush_events();
+        match deliverer {
+            Some(batch) => self.deliver(batch),
+            None => self.flush_events(),
+        }
     }
 
     /// A self-send: delivered by the loopback copy engine with this NI as both ends.
@@ -694,27 +729,50 @@ impl Inner {
     /// Delivers queued events in order, one thread at a time; a thread that finds another
     /// delivering leaves its events to it (the deliverer re-checks after letting go).
     fn flush_events(&self) {
+        if self.outbox_len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if let Some(batch) = self.try_deliverer() {
+            self.deliver(batch);
+        }
+    }
+
+    /// The delivery lock, unless another thread (or this one, further up) holds it.
+    fn try_deliverer(&self) -> Option<Deliverer<'_>> {
+        match self.delivering.try_lock() {
+            Ok(g) => Some(g),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// As the deliverer: delivers `batch`, then whatever the outbox gathers, until it is empty;
+    /// then lets go and looks once more (events queued by a thread that found it delivering
+    /// just before it let go would otherwise wait for the next delivery).
+    fn deliver<'a>(&'a self, mut batch: Deliverer<'a>) {
         loop {
-            if self.outbox.lock().unwrap_or_else(PoisonError::into_inner).is_empty() {
-                return;
-            }
-            // The deliverer's batch lives in the delivery lock: swapped with the outbox, the
-            // two queues trade their allocations instead of making new ones.
-            let mut batch = match self.delivering.try_lock() {
-                Ok(g) => g,
-                Err(TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(TryLockError::WouldBlock) => return,
-            };
             loop {
-                std::mem::swap(&mut *batch, &mut *self.outbox.lock().unwrap_or_else(PoisonError::into_inner));
-                if batch.is_empty() {
-                    break;
-                }
                 while let Some((sink, event)) = batch.pop_front() {
                     sink.deliver(event);
                 }
+                // A stale zero is caught by the look under the lock after letting go.
+                if self.outbox_len.load(Ordering::Acquire) == 0 {
+                    break;
+                }
+                // The deliverer's batch lives in the delivery lock: swapped with the outbox,
+                // the two queues trade their allocations instead of making new ones.
+                let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+                std::mem::swap(&mut *batch, &mut *outbox);
+                self.outbox_len.store(0, Ordering::Release);
             }
             drop(batch);
+            if self.outbox.lock().unwrap_or_else(PoisonError::into_inner).is_empty() {
+                return;
+            }
+            match self.try_deliverer() {
+                Some(b) => batch = b,
+                None => return,
+            }
         }
     }
 

@@ -760,3 +760,99 @@ fn a_reply_longer_than_the_md_is_a_protocol_error() {
         lnet.shutdown();
     }
 }
+
+/// Events reach their sinks one at a time, each exactly once and each MD's in order (SEND
+/// before ACK), while several threads start operations at once and callbacks start more from
+/// inside the delivery (their events queue behind the one being delivered).
+#[test]
+fn events_from_many_threads_are_delivered_one_at_a_time_in_order_and_once() {
+    for round in 0..10 {
+        deliver_from_many_threads(round);
+    }
+}
+
+fn deliver_from_many_threads(round: u8) {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const THREADS: u64 = 4;
+    const OPS: u64 = 300;
+    let net = LoopbackNet::new();
+    let (a, b) = (
+        Arc::new(node_with(&net, &format!("10.0.8.{}", 2 * round + 1), 64, 64)),
+        node_with(&net, &format!("10.0.8.{}", 2 * round + 2), 64, 64),
+    );
+    let target = b.pid();
+    let sink_q = EventQueue::new(4096);
+    let md = Md::contiguous(Arc::new(Buffer::new(64)))
+        .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
+        .with_events(sink_q.clone());
+    b.lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, 0).ignoring(u64::MAX), md, Unlink::Retain).unwrap();
+    let seen: Arc<Mutex<HashMap<u64, Vec<EventKind>>>> = Arc::default();
+    let inside = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    // Set once the callback exists: each ACK of a first-generation PUT starts a second one
+    // from inside the delivery (user_ptr + 1 << 32).
+    let again: Arc<Mutex<Option<(Lnet, EventSink)>>> = Arc::default();
+    let (acked, acks) = std::sync::mpsc::channel::<u64>();
+    let sink = {
+        let (seen, inside, overlaps, again) = (seen.clone(), inside.clone(), overlaps.clone(), again.clone());
+        let acked = Mutex::new(acked);
+        EventSink::callback(move |e: &Event| {
+            if inside.swap(true, Ordering::SeqCst) {
+                overlaps.fetch_add(1, Ordering::SeqCst);
+            }
+            seen.lock().unwrap().entry(e.user_ptr).or_default().push(e.kind);
+            if e.kind == EventKind::Ack {
+                let _ = acked.lock().unwrap().send(e.user_ptr);
+            }
+            if e.kind == EventKind::Ack && e.user_ptr >> 32 == 0 {
+                if let Some((lnet, sink)) = again.lock().unwrap().clone() {
+                    let md = Md::contiguous(Arc::new(Buffer::new(8)))
+                        .with_threshold(Threshold::Count(2))
+                        .with_events(sink)
+                        .with_user_ptr(e.user_ptr | 1 << 32);
+                    let h = lnet.md_bind(md, Unlink::Auto).unwrap();
+                    lnet.put(h, AckReq::Ack, target, PORTAL, 0, 0, 0).unwrap();
+                }
+            }
+            inside.store(false, Ordering::SeqCst);
+        })
+    };
+    *again.lock().unwrap() = Some((a.lnet.clone(), sink.clone()));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (a, sink) = (a.clone(), sink.clone());
+            std::thread::spawn(move || {
+                for i in 0..OPS {
+                    let md = Md::contiguous(Arc::new(Buffer::new(8)))
+                        .with_threshold(Threshold::Count(2))
+                        .with_events(sink.clone())
+                        .with_user_ptr(t * OPS + i + 1);
+                    let h = a.lnet.md_bind(md, Unlink::Auto).unwrap();
+                    a.lnet.put(h, AckReq::Ack, target, PORTAL, 0, 0, 0).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let want = 2 * THREADS * OPS;
+    for _ in 0..want {
+        next(&sink_q);
+        acks.recv_timeout(WAIT).expect("every ACK event within the wait");
+    }
+    assert!(a.lnet.wait_quiet(WAIT), "every operation finished");
+    *again.lock().unwrap() = None;
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "round {round}: two callbacks ran at once");
+    assert!(a.lnet.inner.outbox.lock().unwrap().is_empty(), "round {round}: events left undelivered");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len() as u64, want, "round {round}: every operation's MD had its events");
+    for (ptr, kinds) in seen.iter() {
+        assert_eq!(
+            kinds,
+            &[EventKind::Send, EventKind::Ack],
+            "round {round}: MD {ptr:#x}: events out of order or repeated"
+        );
+    }
+}
