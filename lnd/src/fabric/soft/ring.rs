@@ -59,6 +59,8 @@ const OFF_RUNG: usize = 196;
 const WRAP: u32 = u32::MAX;
 /// Largest frame a record may hold.
 const MAX_RECORD: usize = 16 << 10;
+/// Bytes of a record prefetched ahead of its copy (a small SEND or an ACK, whole).
+const PREFETCH: usize = 256;
 
 /// The ring file carrying frames from `src:port` to `dst` in `dir`.
 pub(crate) fn ring_path(dir: &Path, src: Ipv4Addr, port: u16, dst: Ipv4Addr) -> PathBuf {
@@ -135,6 +137,30 @@ impl Mapping {
         // past it; a misbehaving producer can only make the bytes garbage, which the frame
         // checks downstream reject. `dst` is a separate buffer of this process.
         unsafe { std::ptr::copy_nonoverlapping(self.base.add(HEADER + at), dst.as_mut_ptr(), dst.len()) };
+    }
+
+    /// Asks the CPU to start bringing the data area's lines at `at..at + len` into this core's
+    /// cache, so that the copy that follows does not wait for them as long (measured: ping
+    /// 8 B p50 4.0 -> 3.9 us; prefetching the producer's next lines for writing gained
+    /// nothing). A hint only: nothing is read or written.
+    fn prefetch(&self, at: usize, len: usize) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            let end = at.saturating_add(len).min(self.cap);
+            let mut line = at & !63;
+            while line < end {
+                // SAFETY: `line` is inside the data area of this live mapping (below `cap`), and
+                // SSE (which has the prefetch instructions) is part of every x86-64 CPU; a
+                // prefetch never faults and changes no memory.
+                unsafe {
+                    _mm_prefetch::<_MM_HINT_T0>(self.base.add(HEADER + line).cast::<i8>().cast_const())
+                };
+                line += 64;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (at, len);
     }
 }
 
@@ -331,10 +357,15 @@ impl RingRx {
         }
     }
 
-    /// Whether a frame is waiting.
+    /// Whether a frame is waiting. If one is, its first lines start coming into the cache
+    /// now, while the caller gets ready to [`RingRx::pop`] it.
     pub(crate) fn is_empty(&self) -> bool {
         let head = self.map.u64_at(OFF_HEAD).load(Ordering::Relaxed);
-        self.map.u64_at(OFF_TAIL).load(Ordering::Acquire) == head
+        let empty = self.map.u64_at(OFF_TAIL).load(Ordering::Acquire) == head;
+        if !empty {
+            self.map.prefetch((head % self.map.cap as u64) as usize, PREFETCH);
+        }
+        empty
     }
 
     /// The consumer may sleep from now on: producers ring the doorbell. False if a frame
