@@ -136,7 +136,7 @@ pub struct Tunables {
     pub wrq_sge: u32,
     /// **lnd-rs extension** (no o2iblnd equivalent): microseconds the scheduler keeps polling
     /// the device after its last piece of work before it sleeps in the poller. Trades CPU for
-    /// latency while traffic flows; an idle interface still sleeps. Default 50; 0..=1000000.
+    /// latency while traffic flows; an idle interface still sleeps. Default 200; 0..=1000000.
     pub busy_poll_usec: u32,
     /// **lnd-rs extension** (no o2iblnd equivalent): the peer NIDs allowed to connect to this
     /// interface; a connection request from any other NID is rejected with o2iblnd's FATAL
@@ -183,7 +183,7 @@ impl Default for Tunables {
             nscheds: 0,
             conns_per_peer: 1,
             wrq_sge: 2,
-            busy_poll_usec: 50,
+            busy_poll_usec: 200,
             accept_nids: Vec::new(),
             peer_timeout: 180,
             peer_buffer_credits: 0,

@@ -949,7 +949,7 @@ fn to_modprobe_string_round_trips() {
          fmr_flush_trigger=384 fmr_cache=1 use_fastreg_gaps=0 ib_mtu=0 retry_count=5 \
          rnr_retry_count=6 use_privileged_port=1 require_privileged_port=0 ipif_name=ib0 \
          nscheds=0 conns_per_peer=1 wrq_sge=2 peer_timeout=180 peer_buffer_credits=0 \
-         dev_failover=0 tos=-1 busy_poll_usec=50 accept_nids=\"\""
+         dev_failover=0 tos=-1 busy_poll_usec=200 accept_nids=\"\""
     );
     check(
         &parse(

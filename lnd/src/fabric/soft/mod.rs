@@ -182,7 +182,7 @@ impl Default for SoftConfig {
             udp_port: packet::ROCEV2_UDP_PORT,
             single_copy: SingleCopy::from_env(),
             copy_helper: CopyHelper::for_this_machine(),
-            helper_spin: Duration::from_micros(50),
+            helper_spin: Duration::from_micros(200),
             streaming: Streaming::from_env(),
             port_addr: None,
             port_num: 1,
