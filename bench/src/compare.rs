@@ -5,8 +5,10 @@
 //! processes per GB moved. Peers, each run only if installed, one after the other (never
 //! concurrently with ours): `ucx_perftest` with `UCX_TLS=tcp` and `UCX_TLS=sm,self`
 //! (`ucp_put_bw` at each size, `ucp_am_lat` at 8 B and 4 KiB, `ucp_am_bw` at 8 B for the
-//! message rate), `iperf3` (one TCP stream, `-l` the size), and the same-host limit: a
-//! `process_vm_writev` copy loop (see [`crate::copyloop`]). UCX latency tests report one-way
+//! message rate), `iperf3` (one TCP stream, `-l` the size), and two same-host limits: a
+//! `process_vm_writev` copy loop (see [`crate::copyloop`]), and `memcpy` on every core at once
+//! over as many buffer pairs as brw has in flight ([`crate::memlimit`]: what the CPUs can copy
+//! over brw's working set, which no transport that copies each byte once can beat). UCX latency tests report one-way
 //! latency (half a round trip); our ping is a round trip, so the table compares our round trip
 //! with twice UCX's figure. The peers' CPU time is `getrusage(RUSAGE_CHILDREN)` around their
 //! run: both processes of the pair.
@@ -324,6 +326,11 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             }
         };
         both("process_vm_writev loop", copy.map(|x| (x.mib_s, x.cpu_s_per_gb)));
+        let limit = crate::memlimit::measure(size, c, duration);
+        both(
+            &format!("{}-core memcpy, its {} bufs", limit.threads, report::size_name(limit.working_set)),
+            Some((limit.mib_s, limit.cpu_s_per_gb)),
+        );
         for tls in ["sm,self", "tcp"] {
             let bw = if have_ucx { ucx(tls, "ucp_put_bw", size, next_port()) } else { None };
             both(&format!("UCX_TLS={tls} ucp_put_bw"), bw.map(|x| (x.mib_s, x.cpu_s_per_gb)));

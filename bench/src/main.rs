@@ -15,6 +15,7 @@ mod compare;
 mod copyloop;
 mod cpu;
 mod local;
+mod memlimit;
 mod node;
 mod proto;
 mod report;
