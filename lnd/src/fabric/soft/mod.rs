@@ -1107,11 +1107,25 @@ impl std::fmt::Debug for SoftQp {
 }
 
 impl SoftQp {
+    /// Runs `f` on the QP's entry and the rest of the device, then hands out what it produced
+    /// (completions, events, frames to send), all under one hold of the device lock.
     fn with<R>(&self, f: impl FnOnce(&mut DevState, &mut QpEntry) -> R) -> Result<R, FabricError> {
         let mut s = self.shared.lock();
         let mut e = s.qps.remove(&self.qpn).ok_or(FabricError::NotFound { what: "queue pair" })?;
         let r = f(&mut s, &mut e);
         s.qps.insert(self.qpn, e);
+        s.after_qp(self.qpn, None);
+        Ok(r)
+    }
+
+    /// As [`SoftQp::with`] for work that needs only the entry and the memory regions (posting):
+    /// the entry stays in its table.
+    fn with_entry<R>(&self, f: impl FnOnce(&MrTable, &mut QpEntry) -> R) -> Result<R, FabricError> {
+        let mut s = self.shared.lock();
+        let DevState { qps, mrs, .. } = &mut *s;
+        let e = qps.get_mut(&self.qpn).ok_or(FabricError::NotFound { what: "queue pair" })?;
+        let r = f(mrs, e);
+        s.after_qp(self.qpn, None);
         Ok(r)
     }
 }
@@ -1135,38 +1149,32 @@ impl QueuePair for SoftQp {
                 return Err(FabricError::InvalidArgument { what: "port_num (not this device's port)" });
             }
         }
-        let r = self.with(|s, e| {
+        self.with(|s, e| {
             let r = e.rc.modify(m);
             if r.is_ok() && matches!(m, QpModify::Rtr { .. }) {
                 let nonce = e.rc.dest_ip().and_then(|ip| s.place.route(&s.wire, ip));
                 e.rc.set_place(nonce);
             }
             r
-        })?;
-        self.shared.lock().after_qp(self.qpn, None);
-        r
+        })?
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), FabricError> {
-        let r = self.with(|s, e| {
+        self.with_entry(|mrs, e| {
             for (index, wr) in wrs.iter().enumerate() {
-                e.rc.post_send(wr, &s.mrs).map_err(|reason| FabricError::Post { index, reason })?;
+                e.rc.post_send(wr, mrs).map_err(|reason| FabricError::Post { index, reason })?;
             }
             Ok(())
-        })?;
-        self.shared.lock().after_qp(self.qpn, None);
-        r
+        })?
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), FabricError> {
-        let r = self.with(|_, e| {
+        self.with_entry(|_, e| {
             for (index, wr) in wrs.iter().enumerate() {
                 e.rc.post_recv(wr).map_err(|reason| FabricError::Post { index, reason })?;
             }
             Ok(())
-        })?;
-        self.shared.lock().after_qp(self.qpn, None);
-        r
+        })?
     }
 }
 
