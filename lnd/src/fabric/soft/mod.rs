@@ -62,6 +62,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::net::Ipv4Addr;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -351,11 +352,59 @@ struct Shared {
     max_inflight: u32,
     fd: Option<RawFd>,
     state: Mutex<DevState>,
+    /// What the engine asks on every turn, published whenever the lock is let go, so that it
+    /// can be read without taking the lock ([`Published`]).
+    published: Published,
+}
+
+/// A few facts about [`DevState`] kept outside its lock: every [`Shared::lock`] guard stores
+/// them as it lets go, so they are never older than the last unlock.
+#[derive(Default)]
+struct Published {
+    /// `tx_packets + rx_packets` ([`Device::packets`]).
+    packets: AtomicU64,
+    /// MADs are waiting ([`Device::recv_mad`]).
+    mads: AtomicBool,
+    /// Async events are waiting ([`Device::poll_async_event`]).
+    events: AtomicBool,
+    /// Signalled completion channels are waiting ([`Device::take_signalled_cqs`]).
+    signalled: AtomicBool,
+    /// Someone has asked for signalled channels (from then on they are kept).
+    signalled_wanted: AtomicBool,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, DevState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> DevGuard<'_> {
+        DevGuard { state: self.state.lock().unwrap_or_else(|p| p.into_inner()), published: &self.published }
+    }
+}
+
+/// The device lock; publishes [`Published`] before letting go.
+struct DevGuard<'a> {
+    state: MutexGuard<'a, DevState>,
+    published: &'a Published,
+}
+
+impl std::ops::Deref for DevGuard<'_> {
+    type Target = DevState;
+    fn deref(&self) -> &DevState {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for DevGuard<'_> {
+    fn deref_mut(&mut self) -> &mut DevState {
+        &mut self.state
+    }
+}
+
+impl Drop for DevGuard<'_> {
+    fn drop(&mut self) {
+        let (s, p) = (&*self.state, self.published);
+        p.packets.store(s.stats.tx_packets.wrapping_add(s.stats.rx_packets), Ordering::Release);
+        p.mads.store(!s.gsi_rx.is_empty(), Ordering::Release);
+        p.events.store(!s.events.is_empty(), Ordering::Release);
+        p.signalled.store(!s.signalled.is_empty(), Ordering::Release);
     }
 }
 
@@ -495,6 +544,7 @@ impl SoftDevice {
                 max_inflight: config.max_inflight,
                 fd,
                 state: Mutex::new(state),
+                published: Published::default(),
             }),
         }
     }
@@ -930,10 +980,16 @@ impl Device for SoftDevice {
     }
 
     fn recv_mad(&self) -> Option<(PortAddr, Mad)> {
+        if !self.shared.published.mads.load(Ordering::Acquire) {
+            return None;
+        }
         self.shared.lock().gsi_rx.pop_front()
     }
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {
+        if !self.shared.published.events.load(Ordering::Acquire) {
+            return None;
+        }
         self.shared.lock().events.pop_front()
     }
 
@@ -985,8 +1041,13 @@ impl Device for SoftDevice {
     }
 
     fn take_signalled_cqs(&self, out: &mut Vec<RawFd>) {
+        let p = &self.shared.published;
+        if p.signalled_wanted.load(Ordering::Relaxed) && !p.signalled.load(Ordering::Acquire) {
+            return;
+        }
         let mut s = self.shared.lock();
         s.signalled_wanted = true;
+        p.signalled_wanted.store(true, Ordering::Relaxed);
         out.append(&mut s.signalled);
     }
 
@@ -1024,8 +1085,7 @@ impl Device for SoftDevice {
     }
 
     fn packets(&self) -> u64 {
-        let s = self.shared.lock();
-        s.stats.tx_packets.wrapping_add(s.stats.rx_packets)
+        self.shared.published.packets.load(Ordering::Acquire)
     }
 }
 

@@ -746,6 +746,13 @@ fn mads_go_to_qp1_and_back() {
     }));
     assert_eq!(back.unwrap().1[255], 0xbb);
     assert_eq!((a.stats().mads_sent, a.stats().mads_received), (1, 1));
+    // What the engine reads without the lock (published as the lock is let go) follows the
+    // device: the packet count, and no MAD left once both were taken.
+    for d in [&a, &b] {
+        let st = d.stats();
+        assert_eq!(d.packets(), st.tx_packets + st.rx_packets, "seed {s}");
+        assert_eq!(d.recv_mad(), None, "seed {s}");
+    }
 }
 
 #[test]
