@@ -8,9 +8,9 @@
 //! message rate), `iperf3` (one TCP stream, `-l` the size), and two same-host limits: a
 //! `process_vm_writev` copy loop (see [`crate::copyloop`]), and `memcpy` on every core at once
 //! over as many buffer pairs as brw has in flight ([`crate::memlimit`]: what the CPUs can copy
-//! over brw's working set, which no transport that copies each byte once can beat). UCX latency tests report one-way
-//! latency (half a round trip); our ping is a round trip, so the table compares our round trip
-//! with twice UCX's figure. The peers' CPU time is `getrusage(RUSAGE_CHILDREN)` around their
+//! over brw's working set, which no transport that copies each byte once can beat). UCX
+//! latency tests report one-way latency (half a round trip); our ping is a round trip, so the
+//! table compares our round trip with twice UCX's figure. The peers' CPU time is `getrusage(RUSAGE_CHILDREN)` around their
 //! run: both processes of the pair.
 
 use std::io::Read;

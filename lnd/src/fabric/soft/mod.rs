@@ -369,7 +369,7 @@ struct Published {
     events: AtomicBool,
     /// Signalled completion channels are waiting ([`Device::take_signalled_cqs`]).
     signalled: AtomicBool,
-    /// Someone has asked for signalled channels (from then on they are kept).
+    /// `DevState::signalled_wanted`: someone has asked for signalled channels.
     signalled_wanted: AtomicBool,
 }
 
@@ -405,6 +405,7 @@ impl Drop for DevGuard<'_> {
         p.mads.store(!s.gsi_rx.is_empty(), Ordering::Release);
         p.events.store(!s.events.is_empty(), Ordering::Release);
         p.signalled.store(!s.signalled.is_empty(), Ordering::Release);
+        p.signalled_wanted.store(s.signalled_wanted, Ordering::Release);
     }
 }
 
@@ -1042,12 +1043,11 @@ impl Device for SoftDevice {
 
     fn take_signalled_cqs(&self, out: &mut Vec<RawFd>) {
         let p = &self.shared.published;
-        if p.signalled_wanted.load(Ordering::Relaxed) && !p.signalled.load(Ordering::Acquire) {
+        if p.signalled_wanted.load(Ordering::Acquire) && !p.signalled.load(Ordering::Acquire) {
             return;
         }
         let mut s = self.shared.lock();
         s.signalled_wanted = true;
-        p.signalled_wanted.store(true, Ordering::Relaxed);
         out.append(&mut s.signalled);
     }
 
