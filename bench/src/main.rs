@@ -294,14 +294,16 @@ fn run(cli: Cli) -> Result<(), String> {
             let f = node.lnd_stats().fabric;
             node.shutdown();
             eprintln!(
-                "lnd-bench server: {} RPCs, {} errors, {} corrupt; same-host WRITEs placed {} (split {}, streamed {}), retransmits {}",
+                "lnd-bench server: {} RPCs, {} errors, {} corrupt; same-host WRITEs placed {} (split {}, streamed {}), retransmits {}; frames sent {}, ACKs piggybacked {}",
                 counters.rpcs,
                 counters.errors,
                 counters.corrupt,
                 f.placed_writes,
                 f.placed_split,
                 f.placed_streamed,
-                f.retransmits
+                f.retransmits,
+                f.tx_packets,
+                f.acks_piggybacked
             );
             Ok(())
         }

@@ -8,7 +8,8 @@
 //! Contract checked (the module's "Contract" section):
 //! * [`parse`] and [`parse_unchecked`] never panic; they agree (same packet, or the same error,
 //!   or `parse` adds only [`PacketError::BadIcrc`]);
-//! * a decoded packet passes [`Headers::validate`], its header stack has the opcode's length, and
+//! * a decoded packet passes [`Headers::validate`], its header stack has the opcode's length
+//!   (plus [`PAETH_LEN`] with a piggybacked ACK, only ever on an RC request opcode), and
 //!   headers + payload + pad + ICRC account for every byte of the frame;
 //! * re-encoding it with [`build`] gives a frame of the same length that decodes to the same
 //!   packet and equals the input except in reserved bits, pad bytes and the ICRC;
@@ -18,8 +19,8 @@
 use std::net::Ipv4Addr;
 
 use lnd::fabric::soft::packet::{
-    BTH_LEN, ICRC_LEN, IcrcMeta, MAX_FRAME_LEN, Opcode, PacketError, ROCEV2_UDP_PORT, build, icrc, pad_len,
-    parse, parse_unchecked, seal,
+    BTH_LEN, Headers, ICRC_LEN, IcrcMeta, MAX_FRAME_LEN, Opcode, PAETH_LEN, PacketError, ROCEV2_UDP_PORT,
+    build, icrc, pad_len, parse, parse_unchecked, seal,
 };
 
 /// Control bit: recompute the ICRC before decoding.
@@ -82,7 +83,8 @@ fn check(meta: &IcrcMeta, frame: &[u8]) {
     let op = h.bth.opcode;
     assert_eq!(Opcode::from_u8(op.as_u8()), Ok(op));
     h.validate().unwrap_or_else(|e| panic!("decoded headers fail validate(): {e} {h:?}"));
-    assert_eq!(h.len(), op.header_len());
+    assert_eq!(h.len(), op.header_len() + h.piggy.map_or(0, |_| PAETH_LEN));
+    assert!(h.piggy.is_none() || op.is_rc_request(), "a piggybacked ACK on {op:?}");
     assert!(frame.len() <= MAX_FRAME_LEN);
     let pad = usize::from(h.bth.pad_count);
     assert_eq!(pad, pad_len(pkt.payload.len()), "pad count does not complete the payload");
@@ -103,23 +105,32 @@ fn check(meta: &IcrcMeta, frame: &[u8]) {
     // Bit for bit, except reserved bits, pad bytes and the ICRC.
     let covered = h.len() + pkt.payload.len();
     for (i, (&a, &b)) in out[..covered].iter().zip(&frame[..covered]).enumerate() {
-        let mask = reserved_mask(op, i);
+        if h.piggy.is_some() && i == BTH_LEN + 4 {
+            // The PAETH syndrome: any ACK is accepted, "ACK, no credit information" written.
+            assert_eq!((a, b >> 5), (0x1f, 0), "PAETH syndrome {b:#04x} re-encoded as {a:#04x}");
+            continue;
+        }
+        let mask = reserved_mask(&h, i);
         assert_eq!(a & !mask, b & !mask, "byte {i} differs after re-encoding: {a:#04x} vs {b:#04x}");
         assert_eq!(a & mask, 0, "reserved bits written at byte {i}");
     }
     assert!(out[covered..covered + pad].iter().all(|&b| b == 0), "pad not zero");
 }
 
-/// The reserved (ignored on receipt, written as zero) bits of byte `i` of a frame with `op`.
-fn reserved_mask(op: Opcode, i: usize) -> u8 {
+/// The reserved (ignored on receipt, written as zero) bits of byte `i` of a frame with
+/// headers `h`.
+fn reserved_mask(h: &Headers, i: usize) -> u8 {
+    let piggy = h.piggy.is_some();
     match i {
         // BTH byte 1: SE, M, pad count, TVer (checked to be 0): nothing reserved.
         // BTH byte 4: FECN, BECN, then 6 reserved bits.
         4 => 0x3f,
-        // BTH byte 8: AckReq, then 7 reserved bits.
-        8 => 0x7f,
+        // BTH byte 8: AckReq, the PAETH flag, then 6 reserved bits.
+        8 => 0x3f,
+        // PAETH byte 0 is reserved.
+        12 if piggy => 0xff,
         // DETH byte 4 (frame byte 16) is reserved.
-        16 if op.has_deth() => 0xff,
+        16 if h.bth.opcode.has_deth() => 0xff,
         _ if i < BTH_LEN => 0,
         _ => 0,
     }

@@ -12,7 +12,9 @@ use lnd::cm::mad::{
     RejReason, Rep, Req, RoceReqParams, Rtu, TransportType, cm_tid,
 };
 use lnd::fabric::Mtu;
-use lnd::fabric::soft::packet::{Aeth, Bth, Deth, GSI_QKEY, Headers, NakCode, Opcode, Reth, Syndrome, build};
+use lnd::fabric::soft::packet::{
+    Aeth, Bth, Deth, GSI_QKEY, Headers, NakCode, Opcode, PiggyAck, Reth, Syndrome, build,
+};
 use lnd::wire::{
     ByteOrder, CompletionMsg, ConnParams, GetMsg, IBLND_MAX_IMMEDIATE, IBLND_MAX_RDMA_FRAGS, IBLND_MSG_SIZE,
     IBLND_MSG_VERSION_1, IBLND_MSG_VERSION_2, ImmediateMsg, KibRej, LNET_PROTO_MAGIC, Msg, MsgBody,
@@ -115,6 +117,13 @@ fn frames(meta: &lnd::fabric::soft::packet::IcrcMeta, qpn: u32, psn: u32) -> Vec
             0,
         );
     }
+    let piggy = Some(PiggyAck { psn: 0x00ab_cdef, msn: 9 });
+    add("send-only-piggy", Headers { piggy, ..h(Opcode::RcSendOnly) }, 24);
+    add(
+        "write-only-imm-piggy",
+        Headers { piggy, reth: Some(Reth { dma_len: 8, ..reth }), imm: Some(2), ..h(Opcode::RcWriteOnlyImm) },
+        8,
+    );
     let deth = Deth { qkey: GSI_QKEY, src_qp: 1 };
     add("ud-mad", Headers { deth: Some(deth), ..h(Opcode::UdSendOnly) }, 256);
     add("ud-imm", Headers { deth: Some(deth), imm: Some(3), ..h(Opcode::UdSendOnlyImm) }, 16);

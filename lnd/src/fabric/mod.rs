@@ -62,6 +62,9 @@ pub struct FabricStats {
     pub rnr_naks: u64,
     /// Duplicate request packets received (re-acknowledged, never delivered twice).
     pub duplicates: u64,
+    /// Positive ACKs sent riding on a request packet of the other direction instead of in an
+    /// ACK frame of their own (the software device's piggybacked ACK).
+    pub acks_piggybacked: u64,
     /// Packets dropped because the invariant CRC did not match.
     pub bad_icrc: u64,
     /// Packets dropped because they did not parse or addressed no live QP.

@@ -741,6 +741,7 @@ impl DevState {
         while let Some((dst, mad)) = self.gsi_tx.pop_front() {
             let headers = Headers {
                 bth: Bth::new(Opcode::UdSendOnly, 1, self.gsi_psn),
+                piggy: None,
                 deth: Some(Deth { qkey: packet::GSI_QKEY, src_qp: 1 }),
                 reth: None,
                 aeth: None,

@@ -3,7 +3,7 @@
 //! A RoCEv2 packet is the payload of a UDP datagram to port [`ROCEV2_UDP_PORT`]:
 //!
 //! ```text
-//! BTH (12) | DETH (8)? | RETH (16)? | AETH (4)? | ImmDt (4)? | payload | pad (0..=3) | ICRC (4)
+//! BTH (12) | PAETH (8)? | DETH (8)? | RETH (16)? | AETH (4)? | ImmDt (4)? | payload | pad (0..=3) | ICRC (4)
 //! ```
 //!
 //! This module covers:
@@ -17,6 +17,11 @@
 //!   except two of the manufacturer-specific range, 0xF0/0xF1, the software device's own
 //!   same-host placed WRITE ([`Opcode::RcPlacedWrite`]; see `super::place`), and NAK code 31
 //!   ([`NakCode::PlacementRefused`]) that answers it;
+//! * the software device's **piggybacked ACK** ([`PiggyAck`], the 8-byte PAETH): a positive
+//!   ACK for the other direction of the same connection, carried by an RC request packet
+//!   (SEND, WRITE or placed WRITE) right after its BTH, flagged by bit 6 of BTH byte 8 (the
+//!   top reserved bit after AckReq, covered by the ICRC). Only two software devices exchange
+//!   it; IBTA hardware never sees these frames;
 //! * the **pad**: `payload + pad` is a multiple of 4 ([`pad_len`]); the BTH pad count says how
 //!   many zero bytes follow the payload;
 //! * the **ICRC** ([`icrc`], [`seal`], [`parse`]): IEEE CRC-32 over 8 bytes of `0xFF`, the
@@ -33,13 +38,14 @@
 //!   report every problem as a typed [`PacketError`]. Outside tests the module denies the
 //!   clippy lints for indexing, `unwrap`, `expect` and `panic!`.
 //! * **Strict decoding.** [`parse_unchecked`] accepts exactly the frames [`build`] can produce
-//!   (up to reserved bits, pad contents and the ICRC, which it ignores): transport version 0,
+//!   (up to reserved bits other than the PAETH flag, pad contents and the ICRC, which it
+//!   ignores): transport version 0,
 //!   a supported opcode, all of that opcode's headers present, `payload + pad` a multiple of 4,
 //!   no payload on an ACK, an AETH syndrome with a defined meaning. [`parse`] additionally
 //!   checks the ICRC. Any successfully parsed [`Headers`] passes [`Headers::validate`].
 //! * **Strict encoding.** [`emit_headers`] and [`build`] validate the headers first
 //!   ([`Headers::validate`]) and always compute the pad count themselves; reserved bits are
-//!   written as zero.
+//!   written as zero (the PAETH flag is set exactly when a [`PiggyAck`] is present).
 //! * FECN, BECN and the six reserved bits of BTH byte 4 are not covered by the ICRC (the
 //!   network may set ECN marks in flight): a flip there is not detected, by design. Every other
 //!   single-bit error in a frame is.
@@ -66,6 +72,10 @@ pub const RETH_LEN: usize = 16;
 pub const AETH_LEN: usize = 4;
 /// Length of the Datagram Extended Transport Header (Q_Key, source QPN).
 pub const DETH_LEN: usize = 8;
+/// Length of the piggybacked ACK header ([`PiggyAck`]: PSN, syndrome, MSN).
+pub const PAETH_LEN: usize = 8;
+/// BTH byte 8, bit 6 (reserved by IBTA): a [`PiggyAck`] follows the BTH.
+const PAETH_FLAG: u8 = 0x40;
 /// Length of the immediate data.
 pub const IMM_LEN: usize = 4;
 /// Length of the invariant CRC trailer.
@@ -255,6 +265,12 @@ impl Opcode {
                 | Opcode::RcPlacedWrite
                 | Opcode::RcPlacedWriteImm
         )
+    }
+
+    /// Whether this is an RC request opcode (SEND, RDMA WRITE or placed WRITE): the packets a
+    /// [`PiggyAck`] may ride on.
+    pub const fn is_rc_request(self) -> bool {
+        self.is_send() || self.is_write() || self.is_placed()
     }
 
     /// A vendor placed WRITE ([`Opcode::RcPlacedWrite`], [`Opcode::RcPlacedWriteImm`]).
@@ -537,11 +553,49 @@ impl Aeth {
     }
 }
 
+/// A positive ACK riding on an RC request packet of the other direction (the PAETH).
+///
+/// An RC connection carries requests both ways, so the responder of one direction usually has
+/// a request of its own to send soon after it accepted one (the reply to a ping, the PUT_ACK
+/// to a PUT_REQ). Instead of a separate ACK frame, the software device puts the ACK it owes
+/// into that request's PAETH: `[reserved 8 | PSN 24 | syndrome 8 (ACK, no credit info) | MSN 24]`.
+/// It means exactly what an RC ACK with that PSN and MSN means. Only positive ACKs ride: NAKs
+/// and RNR NAKs always go as ACK frames of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PiggyAck {
+    /// The last PSN acknowledged (24 bits).
+    pub psn: u32,
+    /// Message sequence number of the acknowledging responder (24 bits).
+    pub msn: u32,
+}
+
+impl PiggyAck {
+    fn encode(&self) -> [u8; PAETH_LEN] {
+        let [_, p0, p1, p2] = self.psn.to_be_bytes();
+        let [_, m0, m1, m2] = self.msn.to_be_bytes();
+        [0, p0, p1, p2, Syndrome::Ack { credit_code: NO_CREDIT_CODE }.to_u8(), m0, m1, m2]
+    }
+
+    fn decode(b: [u8; PAETH_LEN]) -> Result<PiggyAck, PacketError> {
+        let [_reserved, p0, p1, p2, s, m0, m1, m2] = b;
+        match Syndrome::from_u8(s)? {
+            Syndrome::Ack { .. } => {}
+            _ => return Err(PacketError::BadSyndrome(s)),
+        }
+        Ok(PiggyAck { psn: u32::from_be_bytes([0, p0, p1, p2]), msn: u32::from_be_bytes([0, m0, m1, m2]) })
+    }
+}
+
+/// The AETH credit code meaning "no credit information".
+const NO_CREDIT_CODE: u8 = 0x1f;
+
 /// All the headers of one packet: the BTH and the extension headers its opcode carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Headers {
     /// Base Transport Header.
     pub bth: Bth,
+    /// Piggybacked ACK (RC request opcodes only; the software device's own header).
+    pub piggy: Option<PiggyAck>,
     /// Datagram ETH (UD opcodes).
     pub deth: Option<Deth>,
     /// RDMA ETH (WRITE FIRST / ONLY / ONLY+IMM).
@@ -555,13 +609,14 @@ pub struct Headers {
 impl Headers {
     /// Just a BTH, no extension headers (fill in the ones the opcode needs).
     pub fn new(bth: Bth) -> Headers {
-        Headers { bth, deth: None, reth: None, aeth: None, imm: None }
+        Headers { bth, piggy: None, deth: None, reth: None, aeth: None, imm: None }
     }
 
     /// The encoded length of the BTH and the extension headers present.
     #[allow(clippy::len_without_is_empty, reason = "a header stack is never empty")]
     pub fn len(&self) -> usize {
         BTH_LEN
+            + self.piggy.map_or(0, |_| PAETH_LEN)
             + self.deth.map_or(0, |_| DETH_LEN)
             + self.reth.map_or(0, |_| RETH_LEN)
             + self.aeth.map_or(0, |_| AETH_LEN)
@@ -577,6 +632,13 @@ impl Headers {
         presence("RETH", op.has_reth(), self.reth.is_some())?;
         presence("AETH", op.has_aeth(), self.aeth.is_some())?;
         presence("ImmDt", op.has_imm(), self.imm.is_some())?;
+        if let Some(p) = &self.piggy {
+            if !op.is_rc_request() {
+                return Err(PacketError::UnexpectedHeader("PAETH"));
+            }
+            in_range("PAETH psn", u64::from(p.psn), u64::from(U24_MAX))?;
+            in_range("PAETH msn", u64::from(p.msn), u64::from(U24_MAX))?;
+        }
         in_range("BTH dest_qp", u64::from(self.bth.dest_qp), u64::from(U24_MAX))?;
         in_range("BTH psn", u64::from(self.bth.psn), u64::from(U24_MAX))?;
         in_range("BTH pad_count", u64::from(self.bth.pad_count), 3)?;
@@ -727,7 +789,12 @@ pub fn emit_headers(headers: &Headers, payload_len: usize, frame: &mut [u8]) -> 
     if frame.len() < hlen {
         return Err(PacketError::BufferTooSmall { need: hlen, have: frame.len() });
     }
-    let mut off = put(frame, 0, &h.bth.encode())?;
+    let mut bth = h.bth.encode();
+    if let Some(p) = &h.piggy {
+        bth[8] |= PAETH_FLAG;
+        put(frame, BTH_LEN, &p.encode())?;
+    }
+    let mut off = put(frame, 0, &bth)? + h.piggy.map_or(0, |_| PAETH_LEN);
     if let Some(deth) = &h.deth {
         off = put(frame, off, &deth.encode())?;
     }
@@ -762,7 +829,7 @@ pub fn seal(meta: &IcrcMeta, frame: &mut [u8]) -> Result<(), PacketError> {
         .map_err(|_| PacketError::BufferTooSmall { need: BTH_LEN + ICRC_LEN, have })?;
     let bth = Bth::decode(bth_bytes)?;
     let pad = usize::from(bth.pad_count);
-    let hlen = bth.opcode.header_len();
+    let hlen = stack_len(bth.opcode, bth_bytes);
     let need = hlen + pad + ICRC_LEN;
     if have < need {
         return Err(PacketError::BufferTooSmall { need, have });
@@ -778,6 +845,11 @@ pub fn seal(meta: &IcrcMeta, frame: &mut [u8]) -> Result<(), PacketError> {
     let crc = icrc(meta, frame.get(..icrc_at).unwrap_or_default());
     put(frame, icrc_at, &crc.to_le_bytes())?;
     Ok(())
+}
+
+/// The length of a frame's headers: its opcode's, plus the PAETH when the BTH flags one.
+fn stack_len(op: Opcode, bth: [u8; BTH_LEN]) -> usize {
+    op.header_len() + if bth[8] & PAETH_FLAG != 0 { PAETH_LEN } else { 0 }
 }
 
 /// Convenience: appends a whole sealed frame to `out`.
@@ -879,9 +951,10 @@ pub fn parse_unchecked(frame: &[u8]) -> Result<Packet<'_>, PacketError> {
     if have < BTH_LEN + ICRC_LEN {
         return Err(PacketError::Truncated { need: BTH_LEN + ICRC_LEN, have });
     }
-    let bth = Bth::decode(take(frame, 0)?)?;
+    let bth_bytes = take(frame, 0)?;
+    let bth = Bth::decode(bth_bytes)?;
     let op = bth.opcode;
-    let hlen = op.header_len();
+    let hlen = stack_len(op, bth_bytes);
     let pad = usize::from(bth.pad_count);
     let need = hlen + pad + ICRC_LEN;
     if have < need {
@@ -889,6 +962,13 @@ pub fn parse_unchecked(frame: &[u8]) -> Result<Packet<'_>, PacketError> {
     }
     let mut headers = Headers::new(bth);
     let mut off = BTH_LEN;
+    if hlen != op.header_len() {
+        if !op.is_rc_request() {
+            return Err(PacketError::UnexpectedHeader("PAETH"));
+        }
+        headers.piggy = Some(PiggyAck::decode(take(frame, off)?)?);
+        off += PAETH_LEN;
+    }
     if op.has_deth() {
         headers.deth = Some(Deth::decode(take(frame, off)?));
         off += DETH_LEN;
@@ -1112,6 +1192,9 @@ mod tests {
         }
         if op.has_imm() {
             h.imm = Some(rng.u32());
+        }
+        if op.is_rc_request() && rng.bool() {
+            h.piggy = Some(PiggyAck { psn: rng.u24(), msn: rng.u24() });
         }
         h
     }
@@ -1362,7 +1445,7 @@ mod tests {
                 let mut manual = vec![0xaa; frame_len(&h, len)];
                 let hlen = emit_headers(&h2, len, &mut manual).unwrap();
                 assert_eq!(hlen, h.len());
-                assert_eq!(hlen, op.header_len());
+                assert_eq!(hlen, op.header_len() + h.piggy.map_or(0, |_| PAETH_LEN));
                 manual[hlen..hlen + len].copy_from_slice(&payload);
                 seal(&meta, &mut manual).unwrap();
                 assert_eq!(manual, frame, "{op:?} len {len}");
@@ -1389,7 +1472,7 @@ mod tests {
                 let h = random_headers(op, &mut rng);
                 let payload = rng.bytes(mtu);
                 let frame = built(&meta, &h, &payload);
-                assert_eq!(frame.len(), op.header_len() + mtu + ICRC_LEN);
+                assert_eq!(frame.len(), h.len() + mtu + ICRC_LEN);
                 assert_eq!(parse(&meta, &frame).unwrap().payload, &payload[..]);
             }
         }
@@ -1515,7 +1598,11 @@ mod tests {
         for op in ALL_OPCODES {
             let good = random_headers(op, &mut rng);
             assert_eq!(good.validate(), Ok(()));
-            assert_eq!(good.len(), op.header_len());
+            assert_eq!(good.len(), op.header_len() + good.piggy.map_or(0, |_| PAETH_LEN));
+            if !op.is_rc_request() {
+                let h = Headers { piggy: Some(PiggyAck { psn: 1, msn: 2 }), ..good };
+                assert_eq!(h.validate(), Err(PacketError::UnexpectedHeader("PAETH")), "{op:?}");
+            }
             let deth = Some(Deth { qkey: 1, src_qp: 2 });
             let reth = Some(Reth { va: 1, rkey: 2, dma_len: 3 });
             let aeth = Some(Aeth { syndrome: Syndrome::Ack { credit_code: 1 }, msn: 2 });
@@ -1590,7 +1677,7 @@ mod tests {
                 let h = random_headers(op, &mut rng);
                 let payload = rng.bytes(len);
                 let frame = built(&meta, &h, &payload);
-                let need = op.header_len() + pad_len(len) + ICRC_LEN;
+                let need = h.len() + pad_len(len) + ICRC_LEN;
                 for n in 0..frame.len() {
                     let cut = &frame[..n];
                     let (a, b) = (parse(&meta, cut), parse_unchecked(cut));
@@ -1639,9 +1726,23 @@ mod tests {
         assert_eq!(parse_unchecked(&f), Err(PacketError::BadPad { pad: 1, payload_len: 4 }));
         // Reserved bits are ignored (but covered by the ICRC, except in byte 4).
         f = good.clone();
-        f[8] |= 0x7f;
+        f[8] |= 0x3f;
         assert_eq!(parse_unchecked(&f).unwrap().headers, h);
         assert!(matches!(parse(&meta, &f), Err(PacketError::BadIcrc { .. })));
+        // The PAETH flag on a frame too short to hold one; on an opcode that may not carry
+        // one; and with a NAK syndrome in it.
+        f = good.clone();
+        f[8] |= 0x40;
+        assert_eq!(parse_unchecked(&f), Err(PacketError::Truncated { need: 24, have: 20 }));
+        let long = built(&meta, &h, b"abcdefghijklmnopqrst");
+        let mut ud = long.clone();
+        ud[8] |= 0x40;
+        ud[0] = Opcode::UdSendOnly.as_u8();
+        assert_eq!(parse_unchecked(&ud), Err(PacketError::UnexpectedHeader("PAETH")));
+        let mut nak = long.clone();
+        nak[8] |= 0x40;
+        nak[BTH_LEN + 4] = Syndrome::Nak(NakCode::RemoteAccessError).to_u8();
+        assert_eq!(parse_unchecked(&nak), Err(PacketError::BadSyndrome(0x62)));
         f = good.clone();
         f[4] |= 0x3f;
         assert_eq!(parse(&meta, &f).unwrap().headers, h);

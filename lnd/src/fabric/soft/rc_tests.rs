@@ -185,3 +185,125 @@ fn the_send_queue_never_spans_more_than_a_quarter_of_the_psn_space() {
         a.qp.post_send(&SendWr { wr_id: 4, op, sg_list: &one_more, flags: SendFlags::SIGNALED }, &a.mem);
     assert!(refused.is_err(), "the queue is full of PSNs");
 }
+
+fn headers(frame: &[u8]) -> packet::Headers {
+    packet::parse_unchecked(frame).unwrap().headers
+}
+
+/// A SEND answered by a SEND posted before the responder transmits (a ping's reply): the
+/// responder's ACK rides on the reply as a piggybacked ACK, no ACK frame goes, and the
+/// requester's SEND completes from it. Posted later, the reply finds the ACK already gone in
+/// a frame of its own and carries none.
+#[test]
+fn the_ack_rides_on_a_reply_sent_in_the_same_call() {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 14);
+    let now = Instant::ZERO;
+    for (round, reply_first) in [(0u64, true), (1, false)] {
+        let ra = [a.sge(4096, 64)];
+        a.qp.post_recv(&RecvWr { wr_id: 10 + round, sg_list: &ra }).unwrap();
+        let rb = [b.sge(4096, 64)];
+        b.qp.post_recv(&RecvWr { wr_id: 20 + round, sg_list: &rb }).unwrap();
+        let ss = [a.sge(0, 32)];
+        a.qp.post_send(
+            &SendWr { wr_id: round, op: SendOp::Send, sg_list: &ss, flags: SendFlags::SIGNALED },
+            &a.mem,
+        )
+        .unwrap();
+        let req = a.tx(now);
+        assert_eq!(req.len(), 1);
+        assert_eq!(headers(&req[0]).piggy, None, "round {round}: nothing to acknowledge yet");
+        b.rx(now, a.ip, &req[0]);
+        let reply = [b.sge(0, 16)];
+        let wr = SendWr { wr_id: 30 + round, op: SendOp::Send, sg_list: &reply, flags: SendFlags::SIGNALED };
+        let mut out = Vec::new();
+        if !reply_first {
+            out = b.tx(now);
+        }
+        b.qp.post_send(&wr, &b.mem).unwrap();
+        out.extend(b.tx(now));
+        let ops: Vec<Opcode> = out.iter().map(|f| headers(f).bth.opcode).collect();
+        let piggy = headers(out.last().unwrap()).piggy;
+        if reply_first {
+            assert_eq!(ops, [Opcode::RcSendOnly], "no ACK frame");
+            assert_eq!(piggy.map(|p| p.psn), Some(100), "the reply acknowledges PSN 100");
+        } else {
+            assert_eq!(ops, [Opcode::RcAck, Opcode::RcSendOnly]);
+            assert_eq!(piggy, None);
+        }
+        for f in &out {
+            a.rx(now, b.ip, f);
+        }
+        assert_eq!(a.completed(CqSel::Send).last(), Some(&(round, WcStatus::Success)), "round {round}");
+        assert_eq!(a.completed(CqSel::Recv).last(), Some(&(10 + round, WcStatus::Success)));
+        // a's ACK for the reply goes in a frame (a has nothing to send).
+        let ack = a.tx(now);
+        assert_eq!(ack.iter().map(|f| headers(f).bth.opcode).collect::<Vec<_>>(), [Opcode::RcAck]);
+        b.rx(now, a.ip, &ack[0]);
+        assert_eq!(b.completed(CqSel::Send).last(), Some(&(30 + round, WcStatus::Success)));
+    }
+    assert_eq!((b.stats.acks_piggybacked, a.stats.acks_piggybacked), (1, 0));
+}
+
+/// Several SENDs received before the responder transmits are acknowledged by one ACK frame
+/// for the last (ACKs are cumulative); a NAK queued behind positive ACKs never rides on a
+/// request, and everything before it is still acknowledged first.
+#[test]
+fn queued_acks_leave_as_one_frame_and_a_nak_never_rides() {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 14);
+    let now = Instant::ZERO;
+    for i in 0..4u64 {
+        let rb = [b.sge(4096 + 64 * i as usize, 64)];
+        b.qp.post_recv(&RecvWr { wr_id: 20 + i, sg_list: &rb }).unwrap();
+        let ss = [a.sge(0, 32)];
+        a.qp.post_send(
+            &SendWr { wr_id: i, op: SendOp::Send, sg_list: &ss, flags: SendFlags::SIGNALED },
+            &a.mem,
+        )
+        .unwrap();
+    }
+    let req = a.tx(now);
+    assert_eq!(req.len(), 4);
+    for f in &req[..3] {
+        b.rx(now, a.ip, f);
+    }
+    let acks = b.tx(now);
+    assert_eq!(acks.len(), 1, "one ACK frame for three SENDs");
+    let h = headers(&acks[0]);
+    assert_eq!((h.bth.opcode, h.bth.psn), (Opcode::RcAck, 102));
+    a.rx(now, b.ip, &acks[0]);
+    assert_eq!(
+        a.completed(CqSel::Send),
+        [(0, WcStatus::Success), (1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+
+    // No receive posted for a fifth SEND: an RNR NAK behind the fourth SEND's ACK. b has a
+    // SEND of its own ready, which must not carry the ACK past the NAK.
+    let ss = [a.sge(0, 32)];
+    a.qp.post_send(&SendWr { wr_id: 4, op: SendOp::Send, sg_list: &ss, flags: SendFlags::SIGNALED }, &a.mem)
+        .unwrap();
+    let fifth = a.tx(now);
+    b.rx(now, a.ip, &req[3]);
+    b.rx(now, a.ip, &fifth[0]);
+    let ra = [a.sge(4096, 64)];
+    a.qp.post_recv(&RecvWr { wr_id: 40, sg_list: &ra }).unwrap();
+    let mine = [b.sge(0, 16)];
+    b.qp.post_send(
+        &SendWr { wr_id: 50, op: SendOp::Send, sg_list: &mine, flags: SendFlags::SIGNALED },
+        &b.mem,
+    )
+    .unwrap();
+    let out = b.tx(now);
+    let kinds: Vec<(Opcode, bool)> =
+        out.iter().map(|f| (headers(f).bth.opcode, headers(f).piggy.is_some())).collect();
+    assert_eq!(kinds, [(Opcode::RcAck, false), (Opcode::RcAck, false), (Opcode::RcSendOnly, false)]);
+    let syndromes: Vec<_> =
+        out[..2].iter().map(|f| (headers(f).aeth.unwrap().syndrome, headers(f).bth.psn)).collect();
+    assert!(
+        matches!(
+            syndromes[..],
+            [(packet::Syndrome::Ack { .. }, 103), (packet::Syndrome::RnrNak { .. }, 104)]
+        ),
+        "{syndromes:?}"
+    );
+    assert_eq!(b.stats.acks_piggybacked, 0);
+}
