@@ -181,6 +181,10 @@ pub(crate) struct RingTx {
     map: Mapping,
     path: PathBuf,
     nonce: u64,
+    /// The consumer's `head` as last read: free space is computed from it and `head` is read
+    /// again only when that is too little (the consumer writes its line on every pop, so each
+    /// read is a cache miss). A stale head only understates the free space.
+    head_seen: u64,
 }
 
 /// What [`RingTx::push`] did.
@@ -213,7 +217,7 @@ impl RingTx {
         // No consumer has seen it yet: the first frame rings the doorbell.
         map.u32_at(OFF_SLEEPING).store(1, Ordering::Release);
         fs::rename(&tmp, path)?;
-        Ok(RingTx { map, path: path.to_owned(), nonce })
+        Ok(RingTx { map, path: path.to_owned(), nonce, head_seen: 0 })
     }
 
     /// This ring's nonce (carried by its doorbells).
@@ -228,17 +232,20 @@ impl RingTx {
             return Pushed::Full;
         }
         let tail = self.map.u64_at(OFF_TAIL).load(Ordering::Relaxed);
-        let head = self.map.u64_at(OFF_HEAD).load(Ordering::Acquire);
-        let used = tail.wrapping_sub(head);
-        if used > cap as u64 {
-            return Pushed::Full; // a consumer that broke the rules: stop writing
-        }
-        let free = cap - used as usize;
         let at = (tail % cap as u64) as usize;
         let rec = 8 + round8(frame.len());
         let skip = if at + rec > cap { cap - at } else { 0 };
-        if skip + rec > free {
-            return Pushed::Full;
+        let free = |head: u64| {
+            let used = tail.wrapping_sub(head);
+            // More than the capacity: a consumer that broke the rules; stop writing.
+            (used <= cap as u64).then(|| cap - used as usize)
+        };
+        if free(self.head_seen).is_none_or(|f| skip + rec > f) {
+            self.head_seen = self.map.u64_at(OFF_HEAD).load(Ordering::Acquire);
+            match free(self.head_seen) {
+                Some(f) if skip + rec <= f => {}
+                _ => return Pushed::Full,
+            }
         }
         let mut pos = at;
         if skip > 0 {
