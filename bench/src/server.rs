@@ -1,6 +1,10 @@
 //! The benchmark server: answers brw and ping RPCs until told to stop.
 //!
-//! Request buffers wait on [`REQUEST_PORTAL`] (any sender, any match bits). For a brw write the
+//! Request buffers wait on [`REQUEST_PORTAL`] (any sender, any match bits), as ptlrpc's request
+//! buffer descriptors do: each is one MD with LNet's `MAX_SIZE` (every request gets
+//! [`REQUEST_BUF`] of room and lands right after the one before) and an infinite threshold, so
+//! a buffer takes many requests and is posted again only when it is full and every request in
+//! it has been read (not once per request). For a brw write the
 //! server GETs the client's bulk buffer into one of its own and checks it; for a brw read it
 //! stamps one of its buffers and PUTs it into the client's; then it replies. Bulk buffers are
 //! pooled by size so they are registered once. One thread drives everything from one event
@@ -11,7 +15,7 @@
 //! lnet_selftest answers in its event handler), so a ping costs no hop to this thread and back.
 //! So do brw RPCs with `check=none` (no data to stamp or check): the callback starts the bulk
 //! transfer, and the transfer's own callback sends the reply.
-//! The callback also reposts the buffer and counts (atomics), so a ping never wakes this
+//! The callback also counts (atomics) and posts a full buffer again, so a ping never wakes this
 //! thread; every other request is forwarded here and handled as before. The callback must not ask the
 //! LND anything synchronously (stats), because the LND's thread is the one running it.
 
@@ -31,8 +35,11 @@ use crate::proto::{
     self, BULK_PORTAL, Check, HDR, Op, REPLY_PORTAL, REQUEST_BUF, REQUEST_PORTAL, Reply, Request,
 };
 
-/// Request buffers kept posted.
-const REQUEST_BUFFERS: u64 = 512;
+/// Request buffers kept posted: room for at least 512 requests of the largest size in all.
+const REQUEST_BUFFERS: u64 = 32;
+/// Bytes of each request buffer: at least 16 requests of the largest size, about 900 8-byte
+/// pings.
+const REQUEST_BUFFER_LEN: usize = 16 * REQUEST_BUF;
 
 const KIND_REQUEST: u64 = 1;
 const KIND_BULK: u64 = 2;
@@ -93,8 +100,10 @@ pub fn serve(node: &Node, stop: impl Fn() -> bool) -> Result<ServerCounters, Str
             eq: s.eq.clone(),
             fast: s.fast.clone(),
             reply_sink: reply_sink.clone(),
-            buf: Arc::new(Buffer::new(REQUEST_BUF)),
+            buf: Arc::new(Buffer::new(REQUEST_BUFFER_LEN)),
             sink: OnceLock::new(),
+            queued: AtomicU64::new(0),
+            unlinked: AtomicBool::new(false),
         }));
         s.post_request(i)?;
     }
@@ -138,11 +147,14 @@ impl Server<'_> {
     }
 
     fn request(&mut self, ev: Event, i: u64) {
-        let Some(slot) = self.requests.get(i as usize) else { return };
+        let Some(slot) = self.requests.get(i as usize).cloned() else { return };
         let len = (ev.mlength as usize).min(REQUEST_BUF);
-        let bytes = slot.buf.to_vec(0, len).unwrap_or_default();
-        // The buffer can take the next request at once.
-        let _ = self.post_request(i);
+        let bytes = slot.buf.to_vec(ev.offset as usize, len).unwrap_or_default();
+        // Read: the buffer may be posted again once it is full and nothing else waits in it.
+        slot.queued.fetch_sub(1, Ordering::SeqCst);
+        if let Err(e) = slot.repost_if_done(i) {
+            eprintln!("lnd-bench server: request buffer {i}: {e}");
+        }
         if ev.status.is_err() {
             return;
         }
@@ -332,6 +344,10 @@ struct RequestSlot {
     reply_sink: EventSink,
     buf: Arc<Buffer>,
     sink: OnceLock<EventSink>,
+    /// Requests in the buffer handed to the server thread and not yet read by it.
+    queued: AtomicU64,
+    /// The MD is gone (full): post the buffer again once `queued` is 0.
+    unlinked: AtomicBool,
 }
 
 impl RequestSlot {
@@ -349,7 +365,8 @@ impl RequestSlot {
         });
         let md = Md::contiguous(self.buf.clone())
             .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
-            .with_threshold(Threshold::Count(1))
+            .with_threshold(Threshold::Infinite)
+            .with_max_size(REQUEST_BUF as u64)
             .with_user_ptr(tag(KIND_REQUEST, i))
             .with_events(sink.clone());
         let me = MatchEntry::new(ANY_PROCESS, 0).ignoring(u64::MAX).with_unlink(Unlink::Auto);
@@ -358,31 +375,58 @@ impl RequestSlot {
     }
 
     fn on_event(self: &Arc<Self>, ev: &Event, i: u64) {
-        if ev.kind == EventKind::Put && ev.status.is_ok() {
-            let len = (ev.mlength as usize).min(REQUEST_BUF);
-            let mut hdr = [0u8; HDR];
-            let req =
-                self.buf.read(0, &mut hdr).ok().filter(|()| len >= HDR).and_then(|()| Request::decode(&hdr));
-            if let Some(req) = req.filter(|r| r.op == Op::Ping) {
-                // The echo is copied from the request buffer straight into the reply's.
-                let echo = len - HDR;
-                let buf = reply_buffer(req.rpc, 0, echo);
-                let sent = buf.copy_from(HDR, &self.buf, HDR, echo).map_err(drop).and_then(|()| {
-                    send_reply(&self.lnet, self.reply_sink.clone(), 0, ev.initiator, req.rpc, buf)
-                });
-                self.fast.count(sent.is_ok());
-                // Fails only when LNet is shutting down: then nothing is served anyway.
-                let _ = self.post(i);
-                return;
-            }
-            let quick = |r: &Request| matches!(r.op, Op::BrwWrite | Op::BrwRead) && r.check == Check::None;
-            if let Some(req) = req.filter(quick) {
-                let _ = self.post(i);
-                fast_brw(&self.lnet, &self.fast, &self.reply_sink, ev.initiator, req);
-                return;
-            }
+        if ev.kind != EventKind::Put {
+            return;
         }
-        self.eq.push(*ev);
+        if !self.serve_inline(ev) {
+            // Read on the server thread, which then lets the buffer be posted again.
+            self.queued.fetch_add(1, Ordering::SeqCst);
+            self.eq.push(*ev);
+        }
+        if ev.unlinked {
+            self.unlinked.store(true, Ordering::SeqCst);
+            // Fails only when LNet is shutting down: then nothing is served anyway.
+            let _ = self.repost_if_done(i);
+        }
+    }
+
+    /// Answers a ping, or starts a brw with `check=none`, right here; false for any other
+    /// request (or a failed PUT), which goes to the server thread.
+    fn serve_inline(&self, ev: &Event) -> bool {
+        if ev.status.is_err() {
+            return false;
+        }
+        let at = ev.offset as usize;
+        let len = (ev.mlength as usize).min(REQUEST_BUF);
+        let mut hdr = [0u8; HDR];
+        let req =
+            self.buf.read(at, &mut hdr).ok().filter(|()| len >= HDR).and_then(|()| Request::decode(&hdr));
+        if let Some(req) = req.filter(|r| r.op == Op::Ping) {
+            // The echo is copied from the request buffer straight into the reply's.
+            let echo = len - HDR;
+            let buf = reply_buffer(req.rpc, 0, echo);
+            let sent = buf.copy_from(HDR, &self.buf, at + HDR, echo).map_err(drop).and_then(|()| {
+                send_reply(&self.lnet, self.reply_sink.clone(), 0, ev.initiator, req.rpc, buf)
+            });
+            self.fast.count(sent.is_ok());
+            return true;
+        }
+        let quick = |r: &Request| matches!(r.op, Op::BrwWrite | Op::BrwRead) && r.check == Check::None;
+        if let Some(req) = req.filter(quick) {
+            fast_brw(&self.lnet, &self.fast, &self.reply_sink, ev.initiator, req);
+            return true;
+        }
+        false
+    }
+
+    /// Posts the buffer again if its MD is gone and no request in it waits to be read; of two
+    /// threads that both see that, one posts.
+    fn repost_if_done(self: &Arc<Self>, i: u64) -> Result<(), String> {
+        // Nothing lands in an unlinked MD, so `queued` only falls once `unlinked` is set.
+        if self.queued.load(Ordering::SeqCst) == 0 && self.unlinked.swap(false, Ordering::SeqCst) {
+            return self.post(i);
+        }
+        Ok(())
     }
 }
 
