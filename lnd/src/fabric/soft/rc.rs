@@ -20,7 +20,11 @@
 //!   `REM_INV_REQ_ERR` there). RDMA WRITEs are checked against the MR table (key, PD,
 //!   REMOTE_WRITE, whole range) on their first packet, before a byte lands; a failure NAKs with
 //!   a remote access error and both QPs go to ERR. The first valid packet in RTR raises
-//!   `COMM_EST`. ACKs are coalesced until the device asks for frames.
+//!   `COMM_EST`. ACKs are coalesced until the device asks for frames: the positive ones queued
+//!   by then leave as one (the last), riding as a [`PiggyAck`] on a request packet of this
+//!   QP's requester if one leaves in that call, else in an ACK frame; NAKs go in order, in
+//!   frames of their own. A [`PiggyAck`] received is handled like an ACK frame before the
+//!   request carrying it.
 //! * **Same host** ([`super::place`]): when the device gave the QP a placement nonce at RTR, a
 //!   WRITE with data leaves as one placement request taking the WRITE's PSNs; it counts as one
 //!   packet against `max_inflight`. The responder executes it in PSN order like a WRITE's
@@ -1115,8 +1119,13 @@ impl RcQp {
         stats: &mut FabricStats,
     ) -> Option<TxFrame> {
         let dst = self.dest_ip?;
-        let ride = self.only_positive_acks() && self.request_ready(now);
-        if let Some(ack) = if ride { None } else { self.next_standalone_ack() } {
+        if self.only_positive_acks() && self.request_ready(now) {
+            if let Some(frame) = self.transmit_request(now, mem, buf, stats, dst) {
+                return Some(frame);
+            }
+            // No request frame after all (it failed locally): the ACKs go on their own.
+        }
+        if let Some(ack) = self.next_standalone_ack() {
             let (psn, syndrome) = match ack {
                 PendingAck::Ack { psn } => (psn, Syndrome::Ack { credit_code: NO_CREDIT_INFO }),
                 PendingAck::Nak { psn, code } => (psn, Syndrome::Nak(code)),
@@ -1138,6 +1147,20 @@ impl RcQp {
         if !self.request_ready(now) {
             return None;
         }
+        self.transmit_request(now, mem, buf, stats, dst)
+    }
+
+    /// Writes the request packet at the transmit cursor, carrying the queued positive ACKs
+    /// as a [`PiggyAck`] if those are all that is queued. The caller checked
+    /// [`RcQp::request_ready`].
+    fn transmit_request(
+        &mut self,
+        now: Instant,
+        mem: &MrTable,
+        buf: &mut [u8],
+        stats: &mut FabricStats,
+        dst: Ipv4Addr,
+    ) -> Option<TxFrame> {
         self.rnr_until = None;
         let piggy = self.piggy();
         if let Some(nonce) = self.next_is_placed() {
