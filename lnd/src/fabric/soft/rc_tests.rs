@@ -307,3 +307,29 @@ fn queued_acks_leave_as_one_frame_and_a_nak_never_rides() {
     );
     assert_eq!(b.stats.acks_piggybacked, 0);
 }
+
+/// The request that was to carry the queued ACK fails locally (a bad local key): the ACK
+/// still leaves, in a frame of its own, and the requester's SEND completes.
+#[test]
+fn an_ack_whose_carrier_fails_locally_still_leaves() {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 14);
+    let now = Instant::ZERO;
+    let rb = [b.sge(4096, 64)];
+    b.qp.post_recv(&RecvWr { wr_id: 20, sg_list: &rb }).unwrap();
+    let ss = [a.sge(0, 32)];
+    a.qp.post_send(&SendWr { wr_id: 1, op: SendOp::Send, sg_list: &ss, flags: SendFlags::SIGNALED }, &a.mem)
+        .unwrap();
+    let req = a.tx(now);
+    b.rx(now, a.ip, &req[0]);
+    let bad = [Sge { lkey: b.key ^ 0xdead, ..b.sge(0, 16) }];
+    b.qp.post_send(
+        &SendWr { wr_id: 30, op: SendOp::Send, sg_list: &bad, flags: SendFlags::SIGNALED },
+        &b.mem,
+    )
+    .unwrap();
+    let out = b.tx(now);
+    assert_eq!(out.iter().map(|f| headers(f).bth.opcode).collect::<Vec<_>>(), [Opcode::RcAck]);
+    assert_eq!(b.completed(CqSel::Send).first(), Some(&(30, WcStatus::LocProtErr)));
+    a.rx(now, b.ip, &out[0]);
+    assert_eq!(a.completed(CqSel::Send), [(1, WcStatus::Success)]);
+}
