@@ -147,7 +147,7 @@ impl Server<'_> {
     }
 
     fn request(&mut self, ev: Event, i: u64) {
-        let Some(slot) = self.requests.get(i as usize).cloned() else { return };
+        let Some(slot) = self.requests.get(i as usize) else { return };
         let len = (ev.mlength as usize).min(REQUEST_BUF);
         let bytes = slot.buf.to_vec(ev.offset as usize, len).unwrap_or_default();
         // Read: the buffer may be posted again once it is full and nothing else waits in it.

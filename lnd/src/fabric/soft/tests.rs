@@ -125,6 +125,19 @@ fn run_until(
     devs: &[&SoftDevice],
     now: &mut Instant,
     max_steps: usize,
+    done: impl FnMut(Instant) -> bool,
+) -> bool {
+    run_paced(devs, now, max_steps, Duration::ZERO, done)
+}
+
+/// As [`run_until`], but every turn takes at least `turn` of virtual time, as an application's
+/// work between two calls of `progress` does: frames arrive between a send being posted and
+/// the next `progress` transmitting it.
+fn run_paced(
+    devs: &[&SoftDevice],
+    now: &mut Instant,
+    max_steps: usize,
+    turn: Duration,
     mut done: impl FnMut(Instant) -> bool,
 ) -> bool {
     for _ in 0..max_steps {
@@ -136,7 +149,7 @@ fn run_until(
         }
         let next = devs.iter().filter_map(|d| d.next_deadline()).min();
         match next {
-            Some(t) => *now = (*now).max(t),
+            Some(t) => *now = (*now + turn).max(t),
             None => return done(*now),
         }
     }
@@ -1191,32 +1204,6 @@ fn sources_outside_the_arena_are_copied_with_process_vm_readv() {
     assert_eq!((st.placed_writes, st.placed_mapped), (3, mapped), "seed {s}: {st:?}");
 }
 
-/// As [`run_until`], but every turn takes at least `TURN` of virtual time, as an application's
-/// work between two calls of `progress` does: frames arrive between a send being posted and
-/// the next `progress` transmitting it.
-fn run_paced(
-    devs: &[&SoftDevice],
-    now: &mut Instant,
-    max_steps: usize,
-    mut done: impl FnMut(Instant) -> bool,
-) -> bool {
-    const TURN: Duration = Duration::from_micros(1);
-    for _ in 0..max_steps {
-        for d in devs {
-            d.progress(*now).unwrap();
-        }
-        if done(*now) {
-            return true;
-        }
-        let next = devs.iter().filter_map(|d| d.next_deadline()).min();
-        match next {
-            Some(t) => *now = (*now + TURN).max(t),
-            None => return done(*now),
-        }
-    }
-    false
-}
-
 /// SENDs both ways on one connection, each of a's answered by one of b's with 8 in flight, on
 /// a clean wire and under loss, reordering and duplication: positive ACKs ride on the other
 /// direction's SENDs (a SEND that arrives while the answer to an earlier one waits to leave),
@@ -1267,7 +1254,7 @@ fn acks_ride_on_sends_the_other_way_and_nothing_is_lost_under_faults() {
         let (mut posted, mut answered) = (0u64, 0u64);
         let (mut got_a, mut got_b, mut done_a, mut done_b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut now = Instant::ZERO;
-        let finished = run_paced(&[&a.dev, &b.dev], &mut now, 2_000_000, |_| {
+        let finished = run_paced(&[&a.dev, &b.dev], &mut now, 2_000_000, Duration::from_micros(1), |_| {
             while posted < n && posted - answered < window {
                 send(&a, posted, &pattern(posted, sizes[posted as usize % sizes.len()]));
                 posted += 1;
