@@ -32,12 +32,13 @@
 
 pub mod shard;
 
+use std::cell::Cell;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::{JoinHandle, ThreadId};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_queue::SegQueue;
@@ -171,8 +172,13 @@ struct Shared {
 struct SchedulerHandle {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// The scheduler thread: a command it queues itself (from an upcall) needs no wake-up.
-    id: ThreadId,
+}
+
+thread_local! {
+    /// The scheduler running on this thread, if any (its `Shared`): a command it queues
+    /// itself (from an upcall) needs no wake-up. A thread-local compare, because
+    /// `thread::current()` would touch a reference count on every send.
+    static RUNNING: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
 }
 
 impl SchedulerHandle {
@@ -180,8 +186,11 @@ impl SchedulerHandle {
         self.shared.queue.push(cmd);
         // From the scheduler itself (an event callback sending a reply), the loop sees the
         // queue before it sleeps: no eventfd write, no extra epoll round. Nor while it spins.
+        if RUNNING.with(Cell::get) == Arc::as_ptr(&self.shared) {
+            return;
+        }
         std::sync::atomic::fence(Ordering::SeqCst);
-        if std::thread::current().id() != self.id && self.shared.sleeping.load(Ordering::SeqCst) {
+        if self.shared.sleeping.load(Ordering::SeqCst) {
             let _ = self.shared.waker.wake();
         }
     }
@@ -292,8 +301,7 @@ impl Driver {
             let thread = std::thread::Builder::new()
                 .name(name)
                 .spawn(move || Scheduler::new(engine, poll, s2, busy_poll_usec).run())?;
-            let id = thread.thread().id();
-            driver.schedulers.push(SchedulerHandle { shared, thread: Mutex::new(Some(thread)), id });
+            driver.schedulers.push(SchedulerHandle { shared, thread: Mutex::new(Some(thread)) });
         }
         Ok(driver)
     }
@@ -448,6 +456,7 @@ impl<D: Device> Scheduler<D> {
     }
 
     fn run(mut self) {
+        RUNNING.with(|r| r.set(Arc::as_ptr(&self.shared)));
         let device_fds = self.engine.device().pollable_fds();
         for (i, fd) in device_fds.iter().enumerate() {
             let _ =

@@ -226,6 +226,14 @@ impl<D: Device> Device for Shard<D> {
         self.dev.progress(now)
     }
 
+    fn progress_receive(&self, now: Instant) -> Result<(), FabricError> {
+        self.dev.progress_receive(now)
+    }
+
+    fn progress_transmit(&self, now: Instant) -> Result<(), FabricError> {
+        self.dev.progress_transmit(now)
+    }
+
     fn next_deadline(&self) -> Option<Instant> {
         // Shard 0 drives the device's timers; the others run `progress` when they post.
         if self.index == 0 { self.dev.next_deadline() } else { None }

@@ -17,8 +17,9 @@
 
 use std::time::Duration;
 
+use super::tx::is_tx;
 use super::{Engine, WC_BATCH};
-use crate::fabric::{CompletionQueue, Device};
+use crate::fabric::{CompletionQueue, Device, WcStatus};
 use crate::time::Instant;
 
 impl<D: Device> Engine<D> {
@@ -133,7 +134,12 @@ impl<D: Device> Engine<D> {
                 None => 0,
             };
             for wc in wcs.iter().take(n) {
-                self.handle_wc(now, *wc);
+                if self.defer_tx && wc.status == WcStatus::Success && is_tx(wc.wr_id) {
+                    self.deferred_tx.push(*wc);
+                } else {
+                    self.handle_deferred_tx(now);
+                    self.handle_wc(now, *wc);
+                }
             }
             self.wcs = wcs;
             total += n;

@@ -268,6 +268,13 @@ pub struct Engine<D: Device> {
     stats: EngineStats,
     shutdown: bool,
     wcs: Vec<Wc>,
+    /// Successful send completions reaped in the first half of a poll, handled after its
+    /// second half has transmitted ([`Engine::poll_finish`]): what they do (LNet's send
+    /// events, freeing descriptors) is bookkeeping, while a receive reaped with them may have
+    /// queued a reply that a peer is waiting for.
+    deferred_tx: Vec<Wc>,
+    /// Set while [`Engine::poll_completions`] reaps: successful send completions wait.
+    defer_tx: bool,
     /// Inside [`Engine::drain_cq`]: completions are being handled in order already.
     reaping: bool,
     scratch: Vec<u8>,
@@ -345,6 +352,8 @@ impl<D: Device> Engine<D> {
             stats: EngineStats::default(),
             shutdown: false,
             wcs: vec![Wc::default(); WC_BATCH],
+            deferred_tx: Vec::new(),
+            defer_tx: false,
             reaping: false,
             scratch: vec![0u8; IBLND_MSG_SIZE],
             work: 0,
@@ -449,7 +458,7 @@ impl<D: Device> Engine<D> {
     /// [`Engine::poll_finish`] are posted and transmitted in this turn.
     pub fn poll_completions(&mut self, now: Instant) -> PollTurn {
         let before = self.activity();
-        if let Err(e) = self.dev.progress(now) {
+        if let Err(e) = self.dev.progress_receive(now) {
             // A device error is not a protocol event; the fabric retries on the next call.
             let _ = e;
         }
@@ -465,7 +474,9 @@ impl<D: Device> Engine<D> {
         while let Some(ev) = self.cm.poll_event() {
             self.handle_cm_event(now, ev);
         }
+        self.defer_tx = true;
         self.reap_completions(now);
+        self.defer_tx = false;
         PollTurn { before }
     }
 
@@ -485,9 +496,46 @@ impl<D: Device> Engine<D> {
         while let Some((to, mad)) = self.cm.poll_transmit() {
             let _ = self.dev.send_mad(&to, &mad);
         }
+        if !self.deferred_tx.is_empty() {
+            // The replies leave before the deferred bookkeeping, which must not wait for the
+            // receive in `progress` (a large same-host copy holds up a send's completion, and
+            // with it LNet's bulk event and the reply after it).
+            let _ = self.dev.progress_transmit(now);
+            self.handle_deferred_tx(now);
+        }
         let _ = self.dev.progress(now);
         self.take_signalled();
         self.activity() != turn.before
+    }
+
+    /// Handles the send completions [`Engine::poll_completions`] set aside, in their order.
+    /// Also called before any other completion is handled and before a connection closes,
+    /// so a send queue's completions are always seen in order and a send the peer received
+    /// completes as sent.
+    pub(super) fn handle_deferred_tx(&mut self, now: Instant) {
+        if self.deferred_tx.is_empty() {
+            return;
+        }
+        let mut wcs = std::mem::take(&mut self.deferred_tx);
+        let mut closing = Vec::new();
+        for wc in wcs.drain(..) {
+            let conn = parse_wr_id(wc.wr_id)
+                .and_then(|(_, generation, index)| {
+                    self.txs.get(index as usize).filter(|t| t.generation == generation)
+                })
+                .and_then(|t| t.conn);
+            self.handle_wc(now, wc);
+            if let Some(key) =
+                conn.filter(|&k| self.conns.get(k).is_some_and(|c| c.state == ConnState::Closing))
+            {
+                closing.push(key);
+            }
+        }
+        self.deferred_tx = wcs;
+        closing.dedup();
+        for key in closing {
+            self.maybe_destroy(now, key);
+        }
     }
 
     /// A counter that moves whenever the engine or its device does something.
@@ -923,10 +971,11 @@ impl<D: Device> Engine<D> {
     /// [`Engine::close_conn`] without touching the peer's waiting transmits; returns the peer
     /// if the connection was still being set up (the caller decides: retry or fail them).
     fn close_conn_only(&mut self, now: Instant, key: usize, error: LndError) -> Option<Nid> {
-        let conn = self.conns.get_mut(key)?;
-        if conn.state == ConnState::Closing {
+        if self.conns.get(key)?.state == ConnState::Closing {
             return None;
         }
+        self.handle_deferred_tx(now);
+        let conn = self.conns.get_mut(key)?;
         // Completions already on the CQ happened before whatever closes the connection (the
         // peer acknowledged our last send, or sent its last message, before its DREQ, but the
         // CQ's notification may not have been seen yet): reap them first, so that a send the

@@ -188,6 +188,24 @@ pub trait Device: Send + Sync + 'static {
     /// timers. Never blocks.
     fn progress(&self, now: Instant) -> Result<(), FabricError>;
 
+    /// [`Device::progress`] for a caller that handles the completions it produces and then
+    /// calls `progress` again at once (the engine's two-half poll): the responses the
+    /// transport makes to what arrives (ACKs) may wait for that next call, so that a reply
+    /// the caller posts in between can carry them. A device whose transport is elsewhere
+    /// (an HCA) does plain `progress`.
+    fn progress_receive(&self, now: Instant) -> Result<(), FabricError> {
+        self.progress(now)
+    }
+
+    /// The transmit part of [`Device::progress`] alone: what was posted leaves now, and
+    /// nothing is received (a receive can take long, such as a large same-host copy). For a
+    /// caller with bookkeeping to do before its next `progress`. A device whose transport is
+    /// elsewhere (an HCA) has nothing to do.
+    fn progress_transmit(&self, now: Instant) -> Result<(), FabricError> {
+        let _ = now;
+        Ok(())
+    }
+
     /// When `progress` next needs to run even if no fd becomes readable; `Some(t <= now)`
     /// means work is pending now.
     fn next_deadline(&self) -> Option<Instant>;

@@ -69,3 +69,40 @@ fn cqs_are_armed_before_the_driver_sleeps() {
         assert!(notifications(&sim) > before, "seed {s}: arm_cqs left a CQ unarmed");
     }
 }
+
+/// A message that arrives with the ACK of this node's own earlier send (a reply carrying a
+/// piggybacked ACK) is delivered in the first half of the poll; that send's completion, only
+/// bookkeeping, is reported in the second half, after the turn's transmits.
+#[test]
+fn a_send_completed_by_a_piggybacked_ack_is_reported_after_the_message_carrying_it() {
+    let s = seed();
+    let mut sim = Sim::new(s, 2, &tunables(), FaultConfig::NONE);
+    sim.put(0, 1, 1, 100);
+    assert!(sim.wait_send(0, 1, 100_000).is_ok(), "seed {s}");
+    sim.run_for(Duration::from_millis(1));
+    sim.gather();
+    let hop = Duration::from_millis(1);
+    sim.put(0, 1, 2, 100);
+    let now = sim.now;
+    sim.nodes[0].engine.poll(now);
+    // Node 1 receives PUT 2 and answers with PUT 3 between the halves of its poll, as an
+    // event callback does: the answer carries the ACK.
+    let now = now + hop;
+    sim.now = now;
+    let rode = sim.nodes[1].engine.device().stats().acks_piggybacked;
+    let turn = sim.nodes[1].engine.poll_completions(now);
+    assert_eq!(sim.nodes[1].lnet.take_recv_done(), [(2, Ok(100))], "seed {s}");
+    sim.put(1, 0, 3, 100);
+    sim.nodes[1].engine.poll_finish(now, turn);
+    assert_eq!(sim.nodes[1].engine.device().stats().acks_piggybacked, rode + 1, "seed {s}: the ACK rode");
+    let now = now + hop;
+    sim.now = now;
+    let turn = sim.nodes[0].engine.poll_completions(now);
+    assert_eq!(sim.nodes[0].lnet.take_recv_done(), [(3, Ok(100))], "seed {s}");
+    assert!(sim.nodes[0].lnet.take_send_done().is_empty(), "seed {s}: reported before the transmits");
+    sim.nodes[0].engine.poll_finish(now, turn);
+    let done = sim.nodes[0].lnet.take_send_done();
+    assert_eq!(done.len(), 1, "seed {s}: {done:?}");
+    assert_eq!(done[0].0, 2, "seed {s}: {done:?}");
+    assert!(done[0].1.is_ok(), "seed {s}: {done:?}");
+}

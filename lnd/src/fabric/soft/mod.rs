@@ -36,7 +36,10 @@
 //! P_Key tables, multiple ports, congestion control (CNPs are ignored).
 //!
 //! Progress is poll-driven: posting only queues work; [`crate::fabric::Device::progress`]
-//! receives frames, runs the transport and timers, and transmits. The protocol never reads a
+//! transmits what was posted, receives frames, runs the transport and timers, and transmits
+//! what they made. [`crate::fabric::Device::progress_receive`] (the engine's first half-poll)
+//! keeps the ACK of a single SEND for the next call, so the reply posted in between carries
+//! it. The protocol never reads a
 //! clock (`now` is an argument) and runs on the caller's thread; the one thread the device
 //! starts is its copy engine's helper ([`copier`]), which only copies bytes for a
 //! `progress` call that waits for it, and parks when idle.
@@ -376,6 +379,52 @@ struct Published {
 impl Shared {
     fn lock(&self) -> DevGuard<'_> {
         DevGuard { state: self.state.lock().unwrap_or_else(|p| p.into_inner()), published: &self.published }
+    }
+
+    /// [`Device::progress`], or with `hold` [`Device::progress_receive`].
+    ///
+    /// Transmits first: what the caller posted since the last call (with the ACKs waiting
+    /// riding on it as a [`packet::PiggyAck`]) and what the last call left. The QPs go before
+    /// the GSI: a DREQ the caller sends after seeing a message must not overtake that
+    /// message's ACK (the peer would fail the send it closes on). Then it receives, fires
+    /// timers and transmits what that made (ACKs, NAKs, retransmits), except, when holding,
+    /// on QPs whose only responses are positive ACKs of SENDs
+    /// ([`rc::RcQp::must_respond_now`]). Those leave on the next call, which the caller
+    /// makes after handling the completions: a reply posted in between (an LNet event
+    /// callback answering a request, o2iblnd's PUT_ACK to a PUT_REQ) carries the ACK,
+    /// instead of an ACK frame of its own on the round trip ahead of the reply. `work_now`
+    /// keeps a caller from sleeping while anything waits.
+    fn progress(&self, now: Instant, hold: bool) -> Result<(), FabricError> {
+        let (local, port) = (self.ip, self.udp_port);
+        let mut s = self.lock();
+        let sent = s.transmit(now, local, port, false).and_then(|()| s.transmit_gsi(now, local, port));
+        s.more_rx = false;
+        for i in 0..=RX_BATCH {
+            if i == RX_BATCH {
+                s.more_rx = true;
+                break;
+            }
+            let DevState { wire, rx_buf, .. } = &mut *s;
+            match wire.recv(now, rx_buf) {
+                Ok(Some(r)) => {
+                    // One datagram, or several coalesced by GRO: frames of `seg` bytes.
+                    let seg = if r.seg == 0 { r.len } else { r.seg };
+                    let mut at = 0;
+                    while at < r.len {
+                        let n = seg.min(r.len - at);
+                        s.handle_frame(now, local, port, r.src, r.src_port, at, n);
+                        at += n;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => return Err(FabricError::io("recv", e)),
+            }
+        }
+        s.fire_timers(now);
+        let DevState { place, wire, .. } = &mut *s;
+        place.forget_departed(wire, now);
+        let sent = sent.and_then(|()| s.transmit(now, local, port, hold));
+        sent.map_err(|e| FabricError::io("send", e))
     }
 }
 
@@ -765,18 +814,26 @@ impl DevState {
         Ok(())
     }
 
-    /// Sends frames from ready QPs; returns false if the wire pushed back.
-    fn transmit(&mut self, now: Instant, local: Ipv4Addr, udp_port: u16) -> std::io::Result<()> {
+    /// Sends frames from ready QPs; returns false if the wire pushed back. `hold`: only from
+    /// QPs whose responses must leave now ([`rc::RcQp::must_respond_now`]); the others stay
+    /// ready for the next call.
+    fn transmit(&mut self, now: Instant, local: Ipv4Addr, udp_port: u16, hold: bool) -> std::io::Result<()> {
         let mut budget = TX_BATCH;
         let mut batch = std::mem::replace(&mut self.batch, TxBatch::placeholder());
         batch.clear();
         let mut result = Ok(());
-        'qps: while budget > 0 {
+        let mut held = 0;
+        'qps: while budget > 0 && held < self.ready.len() {
             let Some(qpn) = self.ready.pop_front() else { break };
             let mut sent = 0usize;
             {
-                let DevState { qps, mrs, wire, stats, .. } = self;
+                let DevState { qps, mrs, wire, stats, ready, .. } = self;
                 let Some(e) = qps.get_mut(&qpn) else { continue };
+                if hold && !e.rc.must_respond_now() {
+                    ready.push_back(qpn);
+                    held += 1;
+                    continue;
+                }
                 e.in_ready = false;
                 while sent < QP_BURST.min(budget) {
                     let start = batch.used;
@@ -996,37 +1053,19 @@ impl Device for SoftDevice {
     }
 
     fn progress(&self, now: Instant) -> Result<(), FabricError> {
-        let local = self.shared.ip;
-        let port = self.shared.udp_port;
+        self.shared.progress(now, false)
+    }
+
+    fn progress_receive(&self, now: Instant) -> Result<(), FabricError> {
+        self.shared.progress(now, true)
+    }
+
+    fn progress_transmit(&self, now: Instant) -> Result<(), FabricError> {
         let mut s = self.shared.lock();
-        s.more_rx = false;
-        for i in 0..=RX_BATCH {
-            if i == RX_BATCH {
-                s.more_rx = true;
-                break;
-            }
-            let DevState { wire, rx_buf, .. } = &mut *s;
-            match wire.recv(now, rx_buf) {
-                Ok(Some(r)) => {
-                    // One datagram, or several coalesced by GRO: frames of `seg` bytes.
-                    let seg = if r.seg == 0 { r.len } else { r.seg };
-                    let mut at = 0;
-                    while at < r.len {
-                        let n = seg.min(r.len - at);
-                        s.handle_frame(now, local, port, r.src, r.src_port, at, n);
-                        at += n;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => return Err(FabricError::io("recv", e)),
-            }
-        }
-        s.fire_timers(now);
-        let DevState { place, wire, .. } = &mut *s;
-        place.forget_departed(wire, now);
-        s.transmit_gsi(now, local, port).map_err(|e| FabricError::io("send", e))?;
-        s.transmit(now, local, port).map_err(|e| FabricError::io("send", e))?;
-        Ok(())
+        let (local, port) = (self.shared.ip, self.shared.udp_port);
+        s.transmit(now, local, port, false)
+            .and_then(|()| s.transmit_gsi(now, local, port))
+            .map_err(|e| FabricError::io("send", e))
     }
 
     fn next_deadline(&self) -> Option<Instant> {

@@ -240,6 +240,9 @@ pub(crate) struct RcQp {
     msn: u32,
     in_msg: Option<InMsg>,
     acks: VecDeque<PendingAck>,
+    /// Something queued in `acks` should not wait for a reply to carry it (see
+    /// [`RcQp::must_respond_now`]); cleared when `acks` empties.
+    acks_urgent: bool,
     nak_sent: bool,
     comm_est_raised: bool,
 
@@ -290,6 +293,7 @@ impl RcQp {
             msn: 0,
             in_msg: None,
             acks: VecDeque::new(),
+            acks_urgent: false,
             nak_sent: false,
             comm_est_raised: false,
             completions: Vec::new(),
@@ -530,7 +534,15 @@ impl RcQp {
     }
 
     /// Takes the completions produced so far.
+    ///
+    /// Receive completions come before send completions made in the same call: a request
+    /// that carried a piggybacked ACK is the peer waiting for an answer, while the sends that
+    /// ACK completed only free resources. IBTA orders completions within a work queue, never
+    /// across the two, and each queue keeps its order here.
     pub(crate) fn take_completions(&mut self, out: &mut Vec<Completion>) {
+        if self.completions.len() > 1 && self.completions.first().is_some_and(|c| c.cq == CqSel::Send) {
+            self.completions.sort_by_key(|c| c.cq == CqSel::Send);
+        }
         out.append(&mut self.completions);
     }
 
@@ -580,15 +592,31 @@ impl RcQp {
         if self.only_positive_acks() {
             let last = self.acks.pop_back();
             self.acks.clear();
+            self.acks_urgent = false;
             return last;
         }
-        self.acks.pop_front()
+        let next = self.acks.pop_front();
+        self.acks_urgent &= !self.acks.is_empty();
+        next
+    }
+
+    /// Whether the responses queued must leave in this `progress` call rather than wait for
+    /// the next (a device `progress_receive`). Only a positive ACK of one SEND may wait: a
+    /// request whose answer, posted by the caller before the next call, carries it (a ping,
+    /// a PUT_REQ and its PUT_ACK). NAKs, re-ACKs of duplicates and ACKs of RDMA WRITEs leave
+    /// now: a requester's WRITE is a bulk transfer whose completion it waits for before it
+    /// answers (LNet's bulk, then the reply), so no reply is coming to carry the ACK. So do
+    /// the ACKs of several SENDs: a stream (many RPCs in flight) is paced by its
+    /// completions, and holding them measured slower (brw 64K with 8 in flight).
+    pub(crate) fn must_respond_now(&self) -> bool {
+        self.acks_urgent || self.acks.len() > 1 || (!self.acks.is_empty() && !self.only_positive_acks())
     }
 
     /// A request packet carrying `piggy` was written: those ACKs are sent.
     fn piggy_sent(&mut self, piggy: Option<PiggyAck>, stats: &mut FabricStats) {
         if piggy.is_some() {
             self.acks.clear();
+            self.acks_urgent = false;
             stats.acks_piggybacked += 1;
         }
     }
@@ -680,6 +708,7 @@ impl RcQp {
         if d < 0 {
             stats.duplicates += 1;
             self.ack_expected();
+            self.acks_urgent = true;
             return;
         }
         if d > 0 {
@@ -715,6 +744,7 @@ impl RcQp {
                 // is infinite). A NAK for a PSN already passed is harmless to the requester.
                 if bth.ack_req {
                     self.ack_expected();
+                    self.acks_urgent |= !op.is_send();
                 }
             }
             Err(Refusal::Rnr) => {

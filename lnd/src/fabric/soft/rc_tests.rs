@@ -333,3 +333,90 @@ fn an_ack_whose_carrier_fails_locally_still_leaves() {
     a.rx(now, b.ip, &out[0]);
     assert_eq!(a.completed(CqSel::Send), [(1, WcStatus::Success)]);
 }
+
+/// What a `progress_receive` may leave for the next call: only the positive ACK of a single
+/// SEND (its answer will carry it). Two SENDs, an RDMA WRITE, a duplicate and an RNR NAK
+/// must be answered at once; once sent, nothing is owed.
+#[test]
+fn only_the_ack_of_one_send_may_wait_for_a_reply() {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 14);
+    let now = Instant::ZERO;
+    let send = |a: &mut End, id: u64| {
+        let ss = [a.sge(0, 32)];
+        a.qp.post_send(
+            &SendWr { wr_id: id, op: SendOp::Send, sg_list: &ss, flags: SendFlags::SIGNALED },
+            &a.mem,
+        )
+        .unwrap();
+    };
+    for i in 0..4u64 {
+        let rb = [b.sge(4096 + 64 * i as usize, 64)];
+        b.qp.post_recv(&RecvWr { wr_id: 20 + i, sg_list: &rb }).unwrap();
+    }
+    assert!(!b.qp.must_respond_now(), "nothing received");
+
+    send(&mut a, 0);
+    let one = a.tx(now);
+    b.rx(now, a.ip, &one[0]);
+    assert!(!b.qp.must_respond_now(), "one SEND: its ACK may wait");
+    assert_eq!(b.tx(now).len(), 1);
+    assert!(!b.qp.must_respond_now(), "sent: nothing owed");
+
+    b.rx(now, a.ip, &one[0]);
+    assert!(b.qp.must_respond_now(), "a duplicate is re-acknowledged at once");
+    b.tx(now);
+
+    send(&mut a, 1);
+    send(&mut a, 2);
+    for f in a.tx(now) {
+        b.rx(now, a.ip, &f);
+    }
+    assert!(b.qp.must_respond_now(), "two SENDs: a stream");
+    b.tx(now);
+
+    let target = b.buf.as_ptr() as u64 + 8192;
+    let ss = [a.sge(0, 2048)];
+    let op = SendOp::RdmaWrite { remote_addr: target, rkey: b.key };
+    a.qp.post_send(&SendWr { wr_id: 3, op, sg_list: &ss, flags: SendFlags::SIGNALED }, &a.mem).unwrap();
+    let write = a.tx(now);
+    assert_eq!(write.len(), 2, "two packets at MTU 1024");
+    b.rx(now, a.ip, &write[0]);
+    assert!(!b.qp.must_respond_now(), "the first packet of a WRITE asks for no ACK");
+    b.rx(now, a.ip, &write[1]);
+    assert!(b.qp.must_respond_now(), "a WRITE's ACK: the requester waits for it");
+    b.tx(now);
+
+    send(&mut a, 4);
+    b.rx(now, a.ip, &a.tx(now)[0]);
+    send(&mut a, 5);
+    b.rx(now, a.ip, &a.tx(now)[0]);
+    assert!(b.qp.must_respond_now(), "no receive posted for the second: an RNR NAK");
+}
+
+/// A reply carrying a piggybacked ACK yields a receive completion and a send completion:
+/// the receive is reported first (the peer is waiting on it), each queue in its own order.
+#[test]
+fn a_reply_carrying_an_ack_completes_the_receive_first() {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 14);
+    let now = Instant::ZERO;
+    let ra = [a.sge(4096, 64)];
+    a.qp.post_recv(&RecvWr { wr_id: 10, sg_list: &ra }).unwrap();
+    let rb = [b.sge(4096, 64)];
+    b.qp.post_recv(&RecvWr { wr_id: 20, sg_list: &rb }).unwrap();
+    let ss = [a.sge(0, 32)];
+    a.qp.post_send(&SendWr { wr_id: 1, op: SendOp::Send, sg_list: &ss, flags: SendFlags::SIGNALED }, &a.mem)
+        .unwrap();
+    b.rx(now, a.ip, &a.tx(now)[0]);
+    let reply = [b.sge(0, 16)];
+    b.qp.post_send(
+        &SendWr { wr_id: 30, op: SendOp::Send, sg_list: &reply, flags: SendFlags::SIGNALED },
+        &b.mem,
+    )
+    .unwrap();
+    let out = b.tx(now);
+    assert_eq!(out.len(), 1);
+    assert!(headers(&out[0]).piggy.is_some());
+    a.rx(now, b.ip, &out[0]);
+    let order: Vec<(CqSel, u64)> = a.done.iter().map(|c| (c.cq, c.wc.wr_id)).collect();
+    assert_eq!(order, [(CqSel::Recv, 10), (CqSel::Send, 1)]);
+}

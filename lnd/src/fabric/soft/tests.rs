@@ -132,7 +132,8 @@ fn run_until(
 
 /// As [`run_until`], but every turn takes at least `turn` of virtual time, as an application's
 /// work between two calls of `progress` does: frames arrive between a send being posted and
-/// the next `progress` transmitting it.
+/// the next `progress` transmitting it. A turn is the engine's poll: `progress_receive`, the
+/// application's part (`done`: reaping, posting), `progress`.
 fn run_paced(
     devs: &[&SoftDevice],
     now: &mut Instant,
@@ -142,9 +143,13 @@ fn run_paced(
 ) -> bool {
     for _ in 0..max_steps {
         for d in devs {
+            d.progress_receive(*now).unwrap();
+        }
+        let finished = done(*now);
+        for d in devs {
             d.progress(*now).unwrap();
         }
-        if done(*now) {
+        if finished {
             return true;
         }
         let next = devs.iter().filter_map(|d| d.next_deadline()).min();
@@ -964,6 +969,8 @@ fn hostile_placed(
         raw.send(*now, b.dev.ip(), &frame).unwrap();
         *now += Duration::from_micros(10);
         b.dev.progress(*now).unwrap();
+        // The responses to what a call receives leave on the next call.
+        b.dev.progress(*now).unwrap();
         *now += Duration::from_micros(10);
         let mut buf = vec![0u8; 256];
         while let Some(r) = raw.recv(*now, &mut buf).unwrap() {
@@ -1302,5 +1309,58 @@ fn acks_ride_on_sends_the_other_way_and_nothing_is_lost_under_faults() {
         if faults.tx.drop > 0.0 {
             assert!(sa.retransmits + sb.retransmits > 0, "seed {s}: the faults did nothing: {sa:?} {sb:?}");
         }
+    }
+}
+
+/// `progress_receive` keeps the ACK of a single SEND for the next `progress` call, and tells
+/// the caller not to sleep meanwhile: a reply posted in between carries it (one frame, no ACK
+/// frame); with no reply, the next call sends it on its own. Either way the requester's SEND
+/// completes.
+#[test]
+fn progress_receive_holds_a_sends_ack_for_the_reply_until_the_next_call() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, config(s), 1 << 16);
+    let b = node(&net, 2, config(s + 1), 1 << 16);
+    connect(&a, &b, RC);
+    let send = |x: &Node, id: u64| {
+        let wr =
+            SendWr { wr_id: id, op: SendOp::Send, sg_list: &[x.buf.sge(0, 32)], flags: SendFlags::SIGNALED };
+        x.qp.post_send(&[wr]).unwrap();
+    };
+    let step = Duration::from_micros(10);
+    let mut now = Instant::ZERO;
+    for (round, reply) in [(0u64, true), (1, false)] {
+        for (x, id) in [(&a, 10 + round), (&b, 20 + round)] {
+            x.qp.post_recv(&[RecvWr { wr_id: id, sg_list: &[x.buf.sge(4096, 64)] }]).unwrap();
+        }
+        send(&a, round);
+        a.dev.progress(now).unwrap();
+        now += step;
+        let before = b.dev.stats();
+        b.dev.progress_receive(now).unwrap();
+        assert_eq!(b.dev.stats().tx_packets, before.tx_packets, "seed {s} round {round}: the ACK waits");
+        assert_eq!(b.dev.next_deadline(), Some(Instant::ZERO), "seed {s}: the caller must come back at once");
+        let mut wcs = Vec::new();
+        poll_all(&b.cq, &mut wcs);
+        assert!(
+            wcs.iter().any(|w| w.wr_id == 20 + round && w.status == WcStatus::Success),
+            "seed {s}: {wcs:?}"
+        );
+        if reply {
+            send(&b, 30);
+        }
+        b.dev.progress(now).unwrap();
+        let after = b.dev.stats();
+        assert_eq!(after.tx_packets, before.tx_packets + 1, "seed {s} round {round}: one frame");
+        let rode = after.acks_piggybacked - before.acks_piggybacked;
+        assert_eq!(rode, u64::from(reply), "seed {s} round {round}: the ACK rides only on a reply");
+        now += step;
+        a.dev.progress(now).unwrap();
+        let mut wcs = Vec::new();
+        poll_all(&a.cq, &mut wcs);
+        let sent: Vec<_> =
+            wcs.iter().filter(|w| w.opcode != WcOpcode::Recv).map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(sent, [(round, WcStatus::Success)], "seed {s} round {round}");
     }
 }
