@@ -32,7 +32,8 @@
 
 pub mod shard;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -179,16 +180,29 @@ thread_local! {
     /// itself (from an upcall) needs no wake-up. A thread-local compare, because
     /// `thread::current()` would touch a reference count on every send.
     static RUNNING: Cell<*const Shared> = const { Cell::new(std::ptr::null()) };
+    /// Commands the scheduler running on this thread queued itself (an upcall's reply):
+    /// a plain queue, no atomic operation on the way from LNet's callback to the engine.
+    static LOCAL: RefCell<VecDeque<Cmd>> = const { RefCell::new(VecDeque::new()) };
+}
+
+/// The next command the running scheduler queued on its own thread.
+fn pop_local() -> Option<Cmd> {
+    LOCAL.with(|q| q.borrow_mut().pop_front())
+}
+
+fn local_is_empty() -> bool {
+    LOCAL.with(|q| q.borrow().is_empty())
 }
 
 impl SchedulerHandle {
     fn push(&self, cmd: Cmd) {
-        self.shared.queue.push(cmd);
-        // From the scheduler itself (an event callback sending a reply), the loop sees the
-        // queue before it sleeps: no eventfd write, no extra epoll round. Nor while it spins.
+        // From the scheduler itself (an event callback sending a reply): its own queue, which
+        // the loop sees before it sleeps; no eventfd write, no extra epoll round.
         if RUNNING.with(Cell::get) == Arc::as_ptr(&self.shared) {
+            LOCAL.with(|q| q.borrow_mut().push_back(cmd));
             return;
         }
+        self.shared.queue.push(cmd);
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.shared.sleeping.load(Ordering::SeqCst) {
             let _ = self.shared.waker.wake();
@@ -502,7 +516,7 @@ impl<D: Device> Scheduler<D> {
             let deadline = self.engine.next_deadline();
             let timeout = match deadline {
                 // Queued by an upcall on this thread (no wake-up was sent for it).
-                _ if !self.shared.queue.is_empty() => Duration::ZERO,
+                _ if !self.shared.queue.is_empty() || !local_is_empty() => Duration::ZERO,
                 Some(t) if t <= now => Duration::ZERO,
                 // busy_poll_usec: keep polling a while after the last piece of work.
                 _ if now.saturating_duration_since(last_work) < spin => {
@@ -549,7 +563,7 @@ impl<D: Device> Scheduler<D> {
             let asleep = prepared && {
                 self.shared.sleeping.store(true, Ordering::SeqCst);
                 std::sync::atomic::fence(Ordering::SeqCst);
-                self.shared.queue.is_empty()
+                self.shared.queue.is_empty() && local_is_empty()
             };
             let timeout = if asleep { timeout } else { Duration::ZERO };
             let polled = self.poll.poll(&mut events, Some(timeout));
@@ -575,7 +589,7 @@ impl<D: Device> Scheduler<D> {
             }
         }
         // Sends that raced the shutdown are reported, never dropped.
-        while let Some(cmd) = self.shared.queue.pop() {
+        while let Some(cmd) = pop_local().or_else(|| self.shared.queue.pop()) {
             match cmd {
                 Cmd::Send(msg) => self
                     .shared
@@ -591,7 +605,7 @@ impl<D: Device> Scheduler<D> {
 
     /// Runs the commands LNet's threads (and this thread's upcalls) queued.
     fn take_commands(&mut self, now: Instant, shutdown_deadline: &mut Option<Instant>) {
-        while let Some(cmd) = self.shared.queue.pop() {
+        while let Some(cmd) = pop_local().or_else(|| self.shared.queue.pop()) {
             match cmd {
                 Cmd::Send(msg) => {
                     let token = msg.token;
