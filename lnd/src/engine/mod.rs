@@ -453,9 +453,10 @@ impl<D: Device> Engine<D> {
         self.poll_finish(now, turn)
     }
 
-    /// The first half of a poll: device progress (frames received), CM, async events and the
-    /// completions reaped, so every upcall of the turn has run. Sends taken before
-    /// [`Engine::poll_finish`] are posted and transmitted in this turn.
+    /// The first half of a poll: device progress (frames received, [`Device::progress_receive`]),
+    /// CM, async events and the completions reaped, so every receive upcall of the turn has
+    /// run; successful send completions wait for [`Engine::poll_finish`], which must follow.
+    /// Sends taken before it are posted and transmitted in this turn.
     pub fn poll_completions(&mut self, now: Instant) -> PollTurn {
         let before = self.activity();
         if let Err(e) = self.dev.progress_receive(now) {

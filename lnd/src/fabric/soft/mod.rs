@@ -39,10 +39,9 @@
 //! transmits what was posted, receives frames, runs the transport and timers, and transmits
 //! what they made. [`crate::fabric::Device::progress_receive`] (the engine's first half-poll)
 //! keeps the ACK of a single SEND for the next call, so the reply posted in between carries
-//! it. The protocol never reads a
-//! clock (`now` is an argument) and runs on the caller's thread; the one thread the device
-//! starts is its copy engine's helper ([`copier`]), which only copies bytes for a
-//! `progress` call that waits for it, and parks when idle.
+//! it. The protocol never reads a clock (`now` is an argument) and runs on the caller's
+//! thread; the one thread the device starts is its copy engine's helper ([`copier`]), which
+//! only copies bytes for a `progress` call that waits for it, and parks when idle.
 
 pub mod copier;
 pub use copier::CopyHelper;
