@@ -819,41 +819,43 @@ fn soft_device_rx() -> Vec<Seed> {
     out
 }
 
-/// A `ring` input: buffer selector, head, tail, then records written from the head on.
-fn ring_input(buf: u8, head: u64, tail: u64, records: &[(u32, &[u8])]) -> Vec<u8> {
+/// A `ring` input: buffer selector, head, tail (which the consumer ignores), then records
+/// written from the head on.
+fn ring_input(buf: u8, head: u64, records: &[Vec<u8>]) -> Vec<u8> {
     let mut v = vec![buf];
     v.extend_from_slice(&head.to_le_bytes());
-    v.extend_from_slice(&tail.to_le_bytes());
-    for (len, frame) in records {
-        v.extend_from_slice(&len.to_le_bytes());
-        v.extend_from_slice(&[0; 4]);
-        v.extend_from_slice(frame);
-        // Records start 8-aligned in the ring, which starts at input byte 17.
-        let rel = v.len() - 17;
-        v.resize(17 + rel.div_ceil(8) * 8, 0);
+    v.extend_from_slice(
+        &head.wrapping_add(records.iter().map(|r| r.len() as u64).sum::<u64>()).to_le_bytes(),
+    );
+    for r in records {
+        v.extend_from_slice(r);
     }
     v
 }
 
 fn ring() -> Vec<Seed> {
+    use lnd::fabric::soft::ring::hostile_record as rec;
     let cap = lnd::fabric::soft::ring::HOSTILE_CAPACITY as u64;
     let hello: &[u8] = b"hello, frame";
+    let wrap = u32::MAX;
+    let big = vec![7u8; 16 << 10];
+    let over = vec![7u8; (16 << 10) + 16];
     vec![
-        seed("empty", ring_input(3, 0, 0, &[])),
-        seed("one-frame", ring_input(3, 0, 24, &[(12, hello)])),
-        seed("two-frames", ring_input(3, 0, 48, &[(12, hello), (12, hello)])),
-        // A wrap marker in the last 8 bytes, then a frame at the start.
-        seed("wrap", ring_input(3, cap - 8, cap + 24, &[(u32::MAX, &[]), (12, hello)])),
-        seed("tail-beyond-capacity", ring_input(3, 0, cap * 2, &[(12, hello)])),
-        seed("length-past-tail", ring_input(3, 0, 16, &[(4000, hello)])),
-        seed("frame-larger-than-buffer", ring_input(1, 0, 24, &[(12, hello)])),
-        seed("unaligned-head", ring_input(3, 3, 27, &[(12, hello)])),
-        seed("max-record", ring_input(4, 0, 8 + (16 << 10), &[(16 << 10, &[7u8; 16 << 10])])),
+        seed("empty", ring_input(3, 0, &[])),
+        seed("one-frame", ring_input(3, 0, &[rec(0, 12, hello)])),
+        seed("two-frames", ring_input(3, 0, &[rec(0, 12, hello), rec(32, 12, hello)])),
+        // A wrap marker in the last 16 bytes, then a frame at the start.
+        seed("wrap", ring_input(3, cap - 16, &[rec(cap - 16, wrap, &[]), rec(cap, 12, hello)])),
+        seed("stamped-for-another-lap", ring_input(3, 0, &[rec(cap * 2, 12, hello)])),
         seed(
-            "record-over-max",
-            ring_input(5, 0, 16 + (16 << 10), &[((16 << 10) + 8, &[7u8; (16 << 10) + 8])]),
+            "length-past-the-end",
+            ring_input(3, cap - 32, &[[&4000u32.to_le_bytes()[..], &rec(cap - 32, 12, hello)[4..]].concat()]),
         ),
-        seed("wrap-marker-past-tail", ring_input(3, cap - 16, cap - 8, &[(u32::MAX, &[])])),
-        seed("zero-length-frames", ring_input(2, 0, 24, &[(0, &[]), (0, &[]), (0, &[])])),
+        seed("frame-larger-than-buffer", ring_input(1, 0, &[rec(0, 12, hello)])),
+        seed("unaligned-head", ring_input(3, 3, &[rec(3, 12, hello)])),
+        seed("max-record", ring_input(4, 0, &[rec(0, 16 << 10, &big)])),
+        seed("record-over-max", ring_input(5, 0, &[rec(0, (16 << 10) + 16, &over)])),
+        seed("wrap-marker-at-the-start", ring_input(3, 0, &[rec(0, wrap, &[])])),
+        seed("zero-length-frames", ring_input(2, 0, &[rec(0, 0, &[]), rec(16, 0, &[]), rec(32, 0, &[])])),
     ]
 }

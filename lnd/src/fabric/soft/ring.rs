@@ -11,16 +11,24 @@
 //! Layout (little-endian, 64-byte lines, then the data):
 //!
 //! ```text
-//!   0  magic "LNDRING1"   8  nonce (the sender's, per ring)   16  capacity (bytes, 2^k)
-//!  64  tail: bytes written (producer)
+//!   0  magic "LNDRING2"   8  nonce (the sender's, per ring)   16  capacity (bytes, 2^k)
+//!  64  tail: bytes written (producer; for the producer and for inspection)
 //! 128  head: bytes consumed (consumer)
 //! 192  sleeping: 1 while the consumer may sleep (consumer)   196  rung (producer/consumer)
-//! 4096 data: records [len u32, 0 u32, frame, pad to 8]; len 0xffff_ffff: wrap to the start
+//! 4096 data: records [len u32, 0 u32, stamp u64, frame, pad to 16];
+//!      len 0xffff_ffff: wrap to the start
 //! ```
+//!
+//! **Publication.** A record is published by its stamp, the ring position it starts at
+//! (bytes written before it, a count modulo 2^64) plus one, stored last with release
+//! ordering. The consumer looks at the stamp where its `head` points, never at `tail`: the
+//! record's own first cache line tells it that the record is there and brings its start, one
+//! line crossing cores per frame instead of two (`tail`, then the record). A stamp left from
+//! an earlier lap names another position, so stale bytes never pass for a record.
 //!
 //! **Wake-ups.** A consumer that is about to sleep in its poller sets `sleeping`, fences, and
 //! looks at its rings once more (`RingRx::prepare_to_sleep`); a producer writes its record,
-//! publishes `tail`, fences, and reads `sleeping`: if set (and no doorbell is outstanding,
+//! stamps it, fences, and reads `sleeping`: if set (and no doorbell is outstanding,
 //! `rung`), it sends a doorbell, a 16-byte UDP datagram (`LNDBELL1` + the ring's nonce) to the
 //! consumer's socket, which makes the consumer's poller return. With the two fences one of
 //! the two always sees the other, so a frame is never left in a ring while its consumer
@@ -42,7 +50,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
-const MAGIC: u64 = u64::from_le_bytes(*b"LNDRING1");
+const MAGIC: u64 = u64::from_le_bytes(*b"LNDRING2");
 /// The doorbell datagram's first 8 bytes; the ring's nonce follows.
 pub(crate) const DOORBELL_MAGIC: [u8; 8] = *b"LNDBELL1";
 /// Bytes of a doorbell datagram.
@@ -61,6 +69,13 @@ const WRAP: u32 = u32::MAX;
 const MAX_RECORD: usize = 16 << 10;
 /// Bytes of a record prefetched ahead of its copy (a small SEND or an ACK, whole).
 const PREFETCH: usize = 256;
+/// A record's header: length, a reserved word, the stamp.
+const REC_HDR: usize = 16;
+
+/// The stamp that publishes a record starting at ring position `pos`.
+fn stamp(pos: u64) -> u64 {
+    pos.wrapping_add(1)
+}
 
 /// The ring file carrying frames from `src:port` to `dst` in `dir`.
 pub(crate) fn ring_path(dir: &Path, src: Ipv4Addr, port: u16, dst: Ipv4Addr) -> PathBuf {
@@ -110,6 +125,18 @@ impl Mapping {
         unsafe { &*self.base.add(off).cast::<AtomicU64>() }
     }
 
+    /// The stamp word of a record at `at` in the data area; `None` unless `at` is 16-aligned
+    /// and the record header fits.
+    fn stamp_at(&self, at: usize) -> Option<&AtomicU64> {
+        if at % REC_HDR != 0 || at.checked_add(REC_HDR).is_none_or(|end| end > self.cap) {
+            return None;
+        }
+        // SAFETY: `at + 8..at + 16` is inside the data area (checked above) of a live mapping
+        // whose base is page-aligned, so the word is 8-aligned; both processes access stamps
+        // only atomically.
+        Some(unsafe { &*self.base.add(HEADER + at + 8).cast::<AtomicU64>() })
+    }
+
     fn u32_at(&self, off: usize) -> &AtomicU32 {
         debug_assert!(off + 4 <= HEADER && off % 4 == 0);
         // SAFETY: as in `u64_at`, for a 4-aligned header offset.
@@ -133,7 +160,7 @@ impl Mapping {
             return;
         }
         // SAFETY: the range is inside the data area (checked above) of a live mapping, in a
-        // record the producer published (tail, acquire) and does not write until `head` moves
+        // record the producer published (its stamp, acquire) and does not write until `head` moves
         // past it; a misbehaving producer can only make the bytes garbage, which the frame
         // checks downstream reject. `dst` is a separate buffer of this process.
         unsafe { std::ptr::copy_nonoverlapping(self.base.add(HEADER + at), dst.as_mut_ptr(), dst.len()) };
@@ -171,8 +198,8 @@ impl Drop for Mapping {
     }
 }
 
-fn round8(n: usize) -> usize {
-    n.div_ceil(8) * 8
+fn round16(n: usize) -> usize {
+    n.div_ceil(REC_HDR) * REC_HDR
 }
 
 /// The producer end of a ring (the sender's); dropping it removes the file.
@@ -233,7 +260,7 @@ impl RingTx {
         }
         let tail = self.map.u64_at(OFF_TAIL).load(Ordering::Relaxed);
         let at = (tail % cap as u64) as usize;
-        let rec = 8 + round8(frame.len());
+        let rec = REC_HDR + round16(frame.len());
         let skip = if at + rec > cap { cap - at } else { 0 };
         let free = |head: u64| {
             let used = tail.wrapping_sub(head);
@@ -249,13 +276,20 @@ impl RingTx {
         }
         let mut pos = at;
         if skip > 0 {
-            self.map.write_data(at, &WRAP.to_le_bytes());
+            self.map.write_data(at, &[WRAP.to_le_bytes(), [0; 4]].concat());
+            if let Some(st) = self.map.stamp_at(at) {
+                st.store(stamp(tail), Ordering::Release);
+            }
             pos = 0;
         }
         let mut head_bytes = [0u8; 8];
         head_bytes[..4].copy_from_slice(&(frame.len() as u32).to_le_bytes());
         self.map.write_data(pos, &head_bytes);
-        self.map.write_data(pos + 8, frame);
+        self.map.write_data(pos + REC_HDR, frame);
+        // Published: the consumer may read the record from here on.
+        if let Some(st) = self.map.stamp_at(pos) {
+            st.store(stamp(tail.wrapping_add(skip as u64)), Ordering::Release);
+        }
         self.map.u64_at(OFF_TAIL).store(tail.wrapping_add((skip + rec) as u64), Ordering::Release);
         // Pairs with the consumer's fence in `prepare_to_sleep`: either it sees this record,
         // or this sees its `sleeping`.
@@ -331,44 +365,43 @@ impl RingRx {
     /// Takes the next frame into `buf`: its length, `Ok(None)` if the ring is empty.
     pub(crate) fn pop(&mut self, buf: &mut [u8]) -> Result<Option<usize>, RingError> {
         let cap = self.map.cap;
-        loop {
+        // A wrap marker, then the record at the start: two looks at most.
+        for _ in 0..2 {
             let head = self.map.u64_at(OFF_HEAD).load(Ordering::Relaxed);
-            let tail = self.map.u64_at(OFF_TAIL).load(Ordering::Acquire);
-            let avail = tail.wrapping_sub(head);
-            if avail == 0 {
+            let at = (head % cap as u64) as usize;
+            let Some(st) = self.map.stamp_at(at) else { return Err(RingError::Corrupt) };
+            if st.load(Ordering::Acquire) != stamp(head) {
                 return Ok(None);
             }
-            if avail > cap as u64 || head % 8 != 0 {
-                return Err(RingError::Corrupt);
-            }
-            let at = (head % cap as u64) as usize;
             let mut lenb = [0u8; 4];
             self.map.read_data(at, &mut lenb);
             let len = u32::from_le_bytes(lenb);
             if len == WRAP {
-                let skip = (cap - at) as u64;
-                if skip > avail {
+                if at == 0 {
                     return Err(RingError::Corrupt);
                 }
-                self.map.u64_at(OFF_HEAD).store(head.wrapping_add(skip), Ordering::Release);
+                self.map.u64_at(OFF_HEAD).store(head.wrapping_add((cap - at) as u64), Ordering::Release);
                 continue;
             }
             let len = len as usize;
-            let rec = 8 + round8(len);
-            if len > MAX_RECORD || len > buf.len() || at + rec > cap || rec as u64 > avail {
+            let rec = REC_HDR + round16(len);
+            if len > MAX_RECORD || len > buf.len() || at + rec > cap {
                 return Err(RingError::Corrupt);
             }
-            self.map.read_data(at + 8, &mut buf[..len]);
+            self.map.read_data(at + REC_HDR, &mut buf[..len]);
             self.map.u64_at(OFF_HEAD).store(head.wrapping_add(rec as u64), Ordering::Release);
             return Ok(Some(len));
         }
+        Err(RingError::Corrupt)
     }
 
     /// Whether a frame is waiting. If one is, its first lines start coming into the cache
     /// now, while the caller gets ready to [`RingRx::pop`] it.
     pub(crate) fn is_empty(&self) -> bool {
         let head = self.map.u64_at(OFF_HEAD).load(Ordering::Relaxed);
-        let empty = self.map.u64_at(OFF_TAIL).load(Ordering::Acquire) == head;
+        let at = (head % self.map.cap as u64) as usize;
+        // A head no record can start at is not empty: `pop` refuses the ring.
+        let empty = self.map.stamp_at(at).is_some_and(|st| st.load(Ordering::Acquire) != stamp(head));
         if !empty {
             self.map.prefetch((head % self.map.cap as u64) as usize, PREFETCH);
         }
@@ -422,13 +455,26 @@ pub struct Consumed {
     pub error: Option<RingError>,
 }
 
+/// Fuzzing and tests: the bytes of a record (or, with `len` 0xffff_ffff, a wrap marker)
+/// starting at ring position `pos`, padded as the producer pads it.
+#[doc(hidden)]
+pub fn hostile_record(pos: u64, len: u32, frame: &[u8]) -> Vec<u8> {
+    let mut v = len.to_le_bytes().to_vec();
+    v.extend_from_slice(&[0; 4]);
+    v.extend_from_slice(&stamp(pos).to_le_bytes());
+    v.extend_from_slice(frame);
+    v.resize(REC_HDR + round16(frame.len()), 0);
+    v
+}
+
 /// Capacity of the rings [`consume_hostile`] builds.
 #[doc(hidden)]
 pub const HOSTILE_CAPACITY: usize = 64 << 10;
 
 /// Fuzzing: the consumer over a ring whose producer is hostile. `input` is a receive-buffer
-/// size selector (byte 0), the ring's `head` and `tail` (bytes 1..9 and 9..17, little-endian),
-/// then data written into the ring from `head`'s position on (wrapping). Frames are taken until
+/// size selector (byte 0), the ring's `head` and `tail` (bytes 1..9 and 9..17, little-endian;
+/// the consumer never reads `tail`), then data written into the ring from `head`'s position
+/// on (wrapping). Frames are taken until
 /// the ring is empty or refused (at most 20,000). `None` if no anonymous ring can be made.
 #[doc(hidden)]
 pub fn consume_hostile(input: &[u8]) -> Option<Consumed> {
@@ -527,7 +573,7 @@ mod tests {
         while tx.push(&frame) != Pushed::Full {
             n += 1;
         }
-        assert_eq!(n, RING_CAPACITY / (4096 + 8));
+        assert_eq!(n, RING_CAPACITY / (4096 + REC_HDR));
         let mut buf = vec![0u8; 8192];
         assert_eq!(rx.pop(&mut buf).unwrap(), Some(4096));
         assert_ne!(tx.push(&frame), Pushed::Full);
@@ -564,14 +610,29 @@ mod tests {
         let (mut tx, mut rx) = pair("hostile");
         let mut buf = vec![0u8; MAX_RECORD];
         tx.push(b"hello");
-        // A tail beyond the capacity.
-        tx.map.u64_at(OFF_TAIL).store(RING_CAPACITY as u64 * 2, Ordering::Release);
-        assert_eq!(rx.pop(&mut buf), Err(RingError::Corrupt));
-        // A record length past the end of the ring.
+        // A stamp for another position (a record of an earlier or later lap): not a record.
+        tx.map.stamp_at(0).unwrap().store(stamp(RING_CAPACITY as u64), Ordering::Release);
+        assert!(rx.is_empty());
+        assert_eq!(rx.pop(&mut buf), Ok(None));
+        // A published record longer than a record may be.
         let (mut tx, mut rx) = pair("hostile2");
         tx.push(b"hello");
-        tx.map.write_data(0, &(MAX_RECORD as u32 - 1).to_le_bytes());
-        tx.map.u64_at(OFF_TAIL).store(16, Ordering::Release);
+        tx.map.write_data(0, &(MAX_RECORD as u32 + 1).to_le_bytes());
+        assert_eq!(rx.pop(&mut buf), Err(RingError::Corrupt));
+        // A record running past the end of the ring, and a head no record starts at.
+        let (tx, mut rx) = pair("hostile2b");
+        let at = RING_CAPACITY - 32;
+        rx.map.u64_at(OFF_HEAD).store(at as u64, Ordering::Relaxed);
+        tx.map.write_data(at, &100u32.to_le_bytes());
+        tx.map.stamp_at(at).unwrap().store(stamp(at as u64), Ordering::Release);
+        assert_eq!(rx.pop(&mut buf), Err(RingError::Corrupt));
+        rx.map.u64_at(OFF_HEAD).store(8, Ordering::Relaxed);
+        assert!(!rx.is_empty(), "a misaligned head is reported, not waited on");
+        assert_eq!(rx.pop(&mut buf), Err(RingError::Corrupt));
+        // A wrap marker at the start of the ring (the producer never writes one there).
+        let (tx, mut rx) = pair("hostile2c");
+        tx.map.write_data(0, &WRAP.to_le_bytes());
+        tx.map.stamp_at(0).unwrap().store(stamp(0), Ordering::Release);
         assert_eq!(rx.pop(&mut buf), Err(RingError::Corrupt));
         // A frame longer than the caller's buffer.
         let (mut tx, mut rx) = pair("hostile3");
@@ -590,43 +651,36 @@ mod tests {
     /// The fuzzing helper reads well-formed rings as the consumer does, and refuses bad ones.
     #[test]
     fn the_hostile_consumer_takes_good_frames_and_refuses_bad_rings() {
-        let input = |buf: u8, head: u64, tail: u64, data: &[u8]| {
+        let input = |buf: u8, head: u64, data: &[u8]| {
             let mut v = vec![buf];
             v.extend_from_slice(&head.to_le_bytes());
-            v.extend_from_slice(&tail.to_le_bytes());
+            v.extend_from_slice(&0u64.to_le_bytes());
             v.extend_from_slice(data);
             v
         };
-        let mut rec = 12u32.to_le_bytes().to_vec();
-        rec.extend_from_slice(&[0; 4]);
-        rec.extend_from_slice(b"hello, frame");
-        rec.resize(24, 0);
-        let c = consume_hostile(&input(3, 0, 24, &rec)).unwrap();
+        let c = consume_hostile(&input(3, 0, &hostile_record(0, 12, b"hello, frame"))).unwrap();
         assert_eq!((c.frames, c.error), (vec![12], None));
-        // A wrap marker in the ring's last 8 bytes, then the record at the start.
+        // A wrap marker in the ring's last 16 bytes, then the record at the start.
         let cap = HOSTILE_CAPACITY as u64;
-        let mut wrapped = WRAP.to_le_bytes().to_vec();
-        wrapped.extend_from_slice(&[0; 4]);
-        wrapped.extend_from_slice(&rec);
-        let c = consume_hostile(&input(3, cap - 8, cap + 24, &wrapped)).unwrap();
+        let wrapped =
+            [hostile_record(cap - 16, WRAP, &[]), hostile_record(cap, 12, b"hello, frame")].concat();
+        let c = consume_hostile(&input(3, cap - 16, &wrapped)).unwrap();
         assert_eq!((c.frames, c.error), (vec![12], None));
-        let c = consume_hostile(&input(3, 0, cap * 2, &rec)).unwrap();
-        assert_eq!((c.frames, c.error), (vec![], Some(RingError::Corrupt)));
-        let c = consume_hostile(&input(1, 0, 24, &rec)).unwrap();
+        // A record stamped for another lap is not there yet.
+        let c = consume_hostile(&input(3, 0, &hostile_record(cap * 2, 12, b"hello, frame"))).unwrap();
+        assert_eq!((c.frames, c.error), (vec![], None));
+        let c = consume_hostile(&input(1, 0, &hostile_record(0, 12, b"hello, frame"))).unwrap();
         assert_eq!((c.frames, c.error), (vec![], Some(RingError::Corrupt)), "a frame larger than the buffer");
+        let c = consume_hostile(&input(3, 3, &hostile_record(3, 12, b"hello, frame"))).unwrap();
+        assert_eq!((c.frames, c.error), (vec![], Some(RingError::Corrupt)), "a head no record starts at");
         assert!(consume_hostile(&[]).unwrap().frames.is_empty());
         // Found by the `ring` fuzz target: indices near 2^64 (the producer may write `head` too)
         // overflowed the consumer's `head + record`. Indices are counters modulo 2^64.
         let near_end = consume_hostile(&[2, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xd8]).unwrap();
         assert!(near_end.frames.len() <= 20_000);
-        let head = u64::MAX - 7;
-        let c = consume_hostile(&input(
-            3,
-            head,
-            head.wrapping_add(24 + 8),
-            &[&WRAP.to_le_bytes()[..], &[0; 4], &rec].concat(),
-        ))
-        .unwrap();
+        let head = u64::MAX - 15;
+        let across = [hostile_record(head, WRAP, &[]), hostile_record(0, 12, b"hello, frame")].concat();
+        let c = consume_hostile(&input(3, head, &across)).unwrap();
         assert_eq!((c.frames, c.error), (vec![12], None), "a record across the 2^64 wrap of the indices");
     }
 }
