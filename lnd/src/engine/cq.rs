@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use super::tx::is_tx;
+use super::tx::{WrKind, parse_wr_id};
 use super::{Engine, WC_BATCH};
 use crate::fabric::{CompletionQueue, Device, WcStatus};
 use crate::time::Instant;
@@ -134,7 +134,10 @@ impl<D: Device> Engine<D> {
                 None => 0,
             };
             for wc in wcs.iter().take(n) {
-                if self.defer_tx && wc.status == WcStatus::Success && is_tx(wc.wr_id) {
+                if self.defer_tx
+                    && wc.status == WcStatus::Success
+                    && matches!(parse_wr_id(wc.wr_id), Some((WrKind::Tx, ..)))
+                {
                     self.deferred_tx.push(*wc);
                 } else {
                     self.handle_deferred_tx(now);

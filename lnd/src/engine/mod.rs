@@ -518,25 +518,10 @@ impl<D: Device> Engine<D> {
             return;
         }
         let mut wcs = std::mem::take(&mut self.deferred_tx);
-        let mut closing = Vec::new();
         for wc in wcs.drain(..) {
-            let conn = parse_wr_id(wc.wr_id)
-                .and_then(|(_, generation, index)| {
-                    self.txs.get(index as usize).filter(|t| t.generation == generation)
-                })
-                .and_then(|t| t.conn);
             self.handle_wc(now, wc);
-            if let Some(key) =
-                conn.filter(|&k| self.conns.get(k).is_some_and(|c| c.state == ConnState::Closing))
-            {
-                closing.push(key);
-            }
         }
         self.deferred_tx = wcs;
-        closing.dedup();
-        for key in closing {
-            self.maybe_destroy(now, key);
-        }
     }
 
     /// A counter that moves whenever the engine or its device does something.
@@ -664,6 +649,11 @@ impl<D: Device> Engine<D> {
             }
         }
         self.tx_maybe_done(key);
+        // Outside a drain (a deferred completion, `handle_deferred_tx`), nothing else looks
+        // at whether a closing connection has now gone quiet.
+        if let Some(c) = conn_key.filter(|_| !self.reaping) {
+            self.maybe_destroy(now, c);
+        }
     }
 
     // ------------------------------------------------------------------ transmit lifecycle

@@ -49,11 +49,6 @@ pub(crate) fn parse_wr_id(id: u64) -> Option<(WrKind, u32, u32)> {
     Some((kind, ((id >> 32) & 0x3fff_ffff) as u32, id as u32))
 }
 
-/// Whether a work-request id is a transmit's (its SEND), from the kind bits alone.
-pub(crate) fn is_tx(id: u64) -> bool {
-    id >> 62 == 1
-}
-
 /// Receive work-request index: connection key and receive-buffer number.
 pub(crate) fn rx_index(conn: usize, rx: u32) -> u32 {
     ((conn as u32) << 16) | (rx & 0xffff)

@@ -396,7 +396,7 @@ impl Shared {
     fn progress(&self, now: Instant, hold: bool) -> Result<(), FabricError> {
         let (local, port) = (self.ip, self.udp_port);
         let mut s = self.lock();
-        let sent = s.transmit(now, local, port, false).and_then(|()| s.transmit_gsi(now, local, port));
+        let sent = s.transmit_all(now, local, port);
         s.more_rx = false;
         for i in 0..=RX_BATCH {
             if i == RX_BATCH {
@@ -813,6 +813,12 @@ impl DevState {
         Ok(())
     }
 
+    /// Everything waiting: the QPs' frames, then the GSI's (a DREQ never overtakes the ACK of
+    /// the message before it).
+    fn transmit_all(&mut self, now: Instant, local: Ipv4Addr, udp_port: u16) -> std::io::Result<()> {
+        self.transmit(now, local, udp_port, false).and_then(|()| self.transmit_gsi(now, local, udp_port))
+    }
+
     /// Sends frames from ready QPs; returns false if the wire pushed back. `hold`: only from
     /// QPs whose responses must leave now ([`rc::RcQp::must_respond_now`]); the others stay
     /// ready for the next call.
@@ -1061,10 +1067,7 @@ impl Device for SoftDevice {
 
     fn progress_transmit(&self, now: Instant) -> Result<(), FabricError> {
         let mut s = self.shared.lock();
-        let (local, port) = (self.shared.ip, self.shared.udp_port);
-        s.transmit(now, local, port, false)
-            .and_then(|()| s.transmit_gsi(now, local, port))
-            .map_err(|e| FabricError::io("send", e))
+        s.transmit_all(now, self.shared.ip, self.shared.udp_port).map_err(|e| FabricError::io("send", e))
     }
 
     fn next_deadline(&self) -> Option<Instant> {
