@@ -242,3 +242,23 @@ fn an_unreachable_peer_fails_in_bounded_time() {
     assert!(!o.timed_out && !o.success, "{o:?}");
     assert!(o.stderr.trim().lines().last().unwrap_or_default().starts_with("lnd-bench: "), "{o:?}");
 }
+
+#[test]
+fn fabric_ping_echoes_verified_sends_and_reports_its_round_trip() {
+    for size in ["8", "4K"] {
+        let port = unique_port(6).to_string();
+        let o = spawn(BIN, &["fabric-ping", "--size", size, "--duration", "0.2", "--port", &port])
+            .wait(Duration::from_secs(120));
+        assert_eq!(o.code, Some(0), "{o:?}");
+        let line =
+            o.stdout.lines().find(|l| l.starts_with("fabric ping ")).unwrap_or_else(|| panic!("{o:?}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let trips: u64 = words[4].parse().unwrap_or_else(|_| panic!("{line}"));
+        let p50: f64 = words[8].parse().unwrap_or_else(|_| panic!("{line}"));
+        assert!(trips > 0 && p50 > 0.0, "{line}");
+        assert!(line.contains(if size == "8" { "ping 8 B:" } else { "ping 4096 B:" }), "{line}");
+    }
+    let o = spawn(BIN, &["fabric-ping", "--size", "4"]).wait(Duration::from_secs(20));
+    assert_eq!(o.code, Some(1), "{o:?}");
+    assert!(o.stderr.starts_with("lnd-bench: size 4: the fabric ping sends 8 to 4096 bytes"), "{o:?}");
+}

@@ -8,7 +8,9 @@
 //! message rate), `iperf3` (one TCP stream, `-l` the size), and two same-host limits: a
 //! `process_vm_writev` copy loop (see [`crate::copyloop`]), and `memcpy` on every core at once
 //! over as many buffer pairs as brw has in flight ([`crate::memlimit`]: what the CPUs can copy
-//! over brw's working set, which no transport that copies each byte once can beat). UCX
+//! over brw's working set, which no transport that copies each byte once can beat), and under
+//! the pings, `lnd-bench fabric-ping` (the software device alone, see [`crate::fabricping`]:
+//! what our ping costs below the LND). UCX
 //! latency tests report one-way latency (half a round trip); our ping is a round trip, so the
 //! table compares our round trip with twice UCX's figure. The peers' CPU time is `getrusage(RUSAGE_CHILDREN)` around their
 //! run: both processes of the pair.
@@ -349,18 +351,40 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         });
     }
     for (size, name) in [(8usize, "8B"), (4096, "4K")] {
-        let ping = find(&rows, Op::Ping, size, 1);
+        let ping = find(&rows, Op::Ping, size, 1).map_or(0.0, |r| r.run.lat_us(0.5));
+        let lat_line = |what: String, peer: Option<f64>, ours: f64| Line {
+            what,
+            peer,
+            ours,
+            unit: "us",
+            higher_better: false,
+            peer_cpu: None,
+            our_cpu: None,
+        };
+        let mut sm = None;
         for tls in ["sm,self", "tcp"] {
             let lat = if have_ucx { ucx(tls, "ucp_am_lat", size, next_port()) } else { None };
-            print_line(&Line {
-                what: format!("ping {name} p50 vs UCX_TLS={tls} ucp_am_lat x2"),
-                peer: lat.map(|x| 2.0 * x.lat_us),
-                ours: ping.map_or(0.0, |r| r.run.lat_us(0.5)),
-                unit: "us",
-                higher_better: false,
-                peer_cpu: None,
-                our_cpu: None,
-            });
+            let rtt = lat.map(|x| 2.0 * x.lat_us);
+            if tls == "sm,self" {
+                sm = rtt;
+            }
+            print_line(&lat_line(format!("ping {name} p50 vs UCX_TLS={tls} ucp_am_lat x2"), rtt, ping));
+        }
+        // The software device alone: the floor under our ping, against the same UCX figure.
+        match crate::fabricping::measure(size, duration, args.port) {
+            Ok(floor) => {
+                print_line(&lat_line(
+                    format!("ping {name} p50 vs fabric-ping (device alone)"),
+                    Some(floor.p50_us),
+                    ping,
+                ));
+                print_line(&lat_line(
+                    format!("fabric-ping {name} p50 vs UCX_TLS=sm,self x2"),
+                    sm,
+                    floor.p50_us,
+                ));
+            }
+            Err(e) => eprintln!("lnd-bench compare: fabric-ping at {name}: {e}"),
         }
     }
     let rate = find(&rows, Op::Ping, 8, 32).map_or(0.0, |r| 2.0 * r.run.rpc_s());

@@ -6,6 +6,7 @@
 //! lnd-bench ping --to NID [--size 0..4K]
 //! lnd-bench local          # server and client as two processes on 127.0.0.1/127.0.0.2, a short matrix
 //! lnd-bench compare        # lnd-bench next to ucx_perftest and iperf3 in one run
+//! lnd-bench fabric-ping    # SEND ping-pong on the software device alone: the fabric's floor
 //! ```
 //! As lnet_selftest: a brw read makes the server PUT into the client's buffer, a brw write makes
 //! it GET from it; the RPC request itself is a small message.
@@ -14,6 +15,7 @@ mod client;
 mod compare;
 mod copyloop;
 mod cpu;
+mod fabricping;
 mod local;
 mod memlimit;
 mod node;
@@ -117,6 +119,29 @@ enum Cmd {
     Local(local::LocalArgs),
     /// lnd-bench next to ucx_perftest and iperf3 (when installed), with ratios.
     Compare(compare::CompareArgs),
+    /// SEND ping-pong on the software device between two processes (127.0.0.1 and 127.0.0.2),
+    /// with no LND or LNet above it: the floor under `ping` (like perftest's ib_send_lat).
+    FabricPing {
+        /// Bytes per SEND: 8..4K (the first 8 are a sequence number the echo must carry).
+        #[arg(long, default_value = "8", value_parser = parse_size)]
+        size: usize,
+        /// Seconds to ping.
+        #[arg(long, default_value_t = 2.0)]
+        duration: f64,
+        /// UDP port of the software fabric.
+        #[arg(long, default_value_t = 4791)]
+        port: u16,
+    },
+    /// The fabric ping's echoing process (started by `fabric-ping` and `compare`).
+    #[command(hide = true)]
+    FabricPong {
+        /// The device's address.
+        #[arg(long)]
+        ip: std::net::Ipv4Addr,
+        /// UDP port of the software fabric.
+        #[arg(long)]
+        port: u16,
+    },
     /// The copy loop's target process (started by `compare`).
     #[command(hide = true)]
     CopyTarget {
@@ -349,6 +374,15 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::Local(args) => local::run(&args),
         Cmd::Compare(args) => compare::run(&args),
         Cmd::CopyTarget { size } => copyloop::target(size),
+        Cmd::FabricPing { size, duration, port } => {
+            let r = fabricping::measure(size, Duration::from_secs_f64(duration.max(0.01)), port)?;
+            println!(
+                "fabric ping {} B: {} round trips, p50 {:.2} us, p99 {:.2} us (software device alone, SEND ping-pong between two processes)",
+                size, r.pings, r.p50_us, r.p99_us
+            );
+            Ok(())
+        }
+        Cmd::FabricPong { ip, port } => fabricping::pong(ip, port),
     }
 }
 
