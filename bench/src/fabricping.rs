@@ -44,7 +44,7 @@ pub const MIN_SIZE: usize = 8;
 const SLOTS: usize = 64;
 const PONG_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 const PING_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
-/// Polls between looks at the kernel (the sockets' readiness) and the clock.
+/// Looks at an idle device, and turns, between looks at the kernel (the sockets' readiness).
 const POLLS_PER_LOOK: u32 = 64;
 /// How long either side waits for the other to connect.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,6 +58,8 @@ pub struct FloorResult {
     pub p50_us: f64,
     /// 99th percentile round trip, µs.
     pub p99_us: f64,
+    /// Frames the pinger's device sent per round trip (1 when every ACK rides on a SEND).
+    pub frames_per_ping: f64,
 }
 
 /// One end: a software device with one RC QP, its CQ, `SLOTS` receive slots and one send slot
@@ -168,12 +170,19 @@ impl End {
         Ok((now, self.cq.poll(&mut self.wcs)))
     }
 
-    /// The second half: the device transmits what was posted; every `POLLS_PER_LOOK` turns,
-    /// the kernel is asked which sockets became readable (MADs and frames by UDP).
+    /// The second half: the device transmits what was posted, then, as the LND's scheduler
+    /// does while busy-polling, the device is only looked at (`work_pending`, no transport
+    /// work) until something arrives or `POLLS_PER_LOOK` looks have passed; then the kernel is
+    /// asked which sockets became readable (MADs, and frames that came by UDP).
     fn finish(&mut self, now: Instant) -> Result<(), String> {
         self.dev.progress(now).map_err(|e| e.to_string())?;
+        let mut looks = 0;
+        while looks < POLLS_PER_LOOK && !self.dev.work_pending() {
+            looks += 1;
+            std::hint::spin_loop();
+        }
         self.polls += 1;
-        if self.polls % POLLS_PER_LOOK == 0 {
+        if looks == POLLS_PER_LOOK || self.polls % POLLS_PER_LOOK == 0 {
             self.poll.poll(&mut self.events, Some(Duration::ZERO)).map_err(|e| e.to_string())?;
             for ev in self.events.iter() {
                 if let Some(&fd) = self.fds.get(ev.token().0) {
@@ -292,6 +301,7 @@ fn ping(size: usize, duration: Duration, port: u16) -> Result<FloorResult, Strin
     let mut pings = 0u64;
     let warmup = 1000;
     let deadline = end.clock.now() + duration;
+    let mut frames_before = None;
     let mut stamp = vec![0u8; size];
     loop {
         let (now, n) = end.reap()?;
@@ -313,6 +323,9 @@ fn ping(size: usize, duration: Duration, port: u16) -> Result<FloorResult, Strin
                         ));
                     }
                     answered = true;
+                    if seq == warmup {
+                        frames_before = Some(end.dev.stats().tx_packets);
+                    }
                     if seq >= warmup {
                         let ns = end.clock.now().saturating_duration_since(sent_at).as_nanos();
                         latency.saturating_record(u64::try_from(ns).unwrap_or(u64::MAX).max(1));
@@ -339,5 +352,7 @@ fn ping(size: usize, duration: Duration, port: u16) -> Result<FloorResult, Strin
         end.finish(now)?;
     }
     let us = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
-    Ok(FloorResult { pings, p50_us: us(0.5), p99_us: us(0.99) })
+    let frames = end.dev.stats().tx_packets.saturating_sub(frames_before.unwrap_or(0));
+    let frames_per_ping = frames as f64 / pings.max(1) as f64;
+    Ok(FloorResult { pings, p50_us: us(0.5), p99_us: us(0.99), frames_per_ping })
 }

@@ -377,8 +377,8 @@ fn run(cli: Cli) -> Result<(), String> {
         Cmd::FabricPing { size, duration, port } => {
             let r = fabricping::measure(size, Duration::from_secs_f64(duration.max(0.01)), port)?;
             println!(
-                "fabric ping {} B: {} round trips, p50 {:.2} us, p99 {:.2} us (software device alone, SEND ping-pong between two processes)",
-                size, r.pings, r.p50_us, r.p99_us
+                "fabric ping {} B: {} round trips, p50 {:.2} us, p99 {:.2} us, {:.2} frames sent per round trip (software device alone, SEND ping-pong between two processes)",
+                size, r.pings, r.p50_us, r.p99_us, r.frames_per_ping
             );
             Ok(())
         }
