@@ -310,6 +310,8 @@ struct QpEntry {
     recv_cq: Arc<CqShared>,
     wqes: u64,
     in_ready: bool,
+    /// The time of this QP's live entry in `DevState::timers` (others are stale); never later
+    /// than the transport's deadline.
     timer: Option<Instant>,
 }
 
@@ -674,12 +676,14 @@ impl DevState {
                     Err(_) => {}
                 }
             }
-            let d = e.rc.deadline();
-            if d != e.timer {
-                e.timer = d;
-                if let Some(t) = d {
-                    self.timers.push(Reverse((t, qpn)));
-                }
+            // A QP's live heap entry is the earliest it armed: a deadline that moved later (the
+            // next SEND's retransmission timer after an ACK) keeps that entry, which arms the
+            // real deadline when it comes up. A push per change would leave one cancelled entry
+            // per message for a whole retransmission timeout (tens of thousands of them at a
+            // ping's rate, each push and pop a walk through a heap that big).
+            if let Some(t) = e.rc.deadline().filter(|&t| e.timer.is_none_or(|armed| t < armed)) {
+                e.timer = Some(t);
+                self.timers.push(Reverse((t, qpn)));
             }
             wants = now.is_none_or(|n| e.rc.wants_transmit(n));
         }
@@ -888,6 +892,8 @@ impl DevState {
             let due = {
                 let DevState { qps, stats, .. } = self;
                 match qps.get_mut(&qpn) {
+                    // The QP's live entry: the transport acts on what is due (its deadline may
+                    // have moved later since) and `after_qp` arms whatever it waits for next.
                     Some(e) if e.timer == Some(t) => {
                         e.timer = None;
                         e.rc.on_timer(now, stats);

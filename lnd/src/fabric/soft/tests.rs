@@ -1364,3 +1364,48 @@ fn progress_receive_holds_a_sends_ack_for_the_reply_until_the_next_call() {
         assert_eq!(sent, [(round, WcStatus::Success)], "seed {s} round {round}");
     }
 }
+
+#[test]
+fn a_timer_per_message_leaves_no_pile_of_cancelled_entries_and_a_moved_deadline_still_fires() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, config(s), 4096);
+    let b = node(&net, 2, config(s + 1), 4096);
+    let rc = Rc { timeout: 14, ..RC }; // 67 ms
+    connect(&a, &b, rc);
+    let timeout = packet::ack_timeout_duration(rc.timeout).unwrap();
+    let mut now = Instant::ZERO;
+    let send = |id: u64| {
+        let wr =
+            SendWr { wr_id: id, op: SendOp::Send, sg_list: &[a.buf.sge(0, 8)], flags: SendFlags::SIGNALED };
+        a.qp.post_send(&[wr]).unwrap();
+    };
+    // Ping-pong far inside one retransmission timeout: each SEND arms the timer, its ACK
+    // disarms it, the next SEND arms it later again.
+    for i in 0..2000u64 {
+        b.qp.post_recv(&[RecvWr { wr_id: i, sg_list: &[b.buf.sge(0, 64)] }]).unwrap();
+        send(i);
+        let mut wcs = Vec::new();
+        assert!(
+            run_until(&[&a.dev, &b.dev], &mut now, 100, |_| {
+                poll_all(&a.cq, &mut wcs);
+                wcs.iter().any(|w| w.wr_id == i)
+            }),
+            "seed {s}: SEND {i} never completed"
+        );
+        assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "seed {s}: {wcs:?}");
+        poll_all(&b.cq, &mut Vec::new());
+        now += Duration::from_micros(1);
+    }
+    assert!(now < Instant::ZERO + timeout, "the test must stay inside one timeout");
+    let heap = a.dev.shared.lock().timers.len();
+    assert!(heap <= 2, "seed {s}: {heap} timer entries for one QP");
+    // The entry armed by the first SEND is still there, earlier than the last SEND's deadline;
+    // when it comes up it must arm that deadline rather than retransmit or forget it.
+    b.qp.post_recv(&[RecvWr { wr_id: 9999, sg_list: &[b.buf.sge(0, 64)] }]).unwrap();
+    net.detach(b.dev.ip());
+    send(9999);
+    let last = now;
+    assert!(run_until(&[&a.dev], &mut now, 1000, |_| a.dev.stats().timeouts > 0), "seed {s}: no timeout");
+    assert!(now >= last + timeout && now < last + timeout + Duration::from_millis(1), "seed {s}: {now:?}");
+}
