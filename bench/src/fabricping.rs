@@ -147,11 +147,12 @@ impl End {
         self.qp.post_recv(&[RecvWr { wr_id: slot as u64, sg_list: &[sge] }]).map_err(|e| e.to_string())
     }
 
-    /// SENDs `len` bytes of slot `slot`, signalled (the slot is reused after its completion).
-    fn send(&self, slot: usize, len: usize) -> Result<(), String> {
+    /// SENDs `len` bytes of slot `slot`, signalled (the slot is reused after its completion),
+    /// as the LND posts: with the time, so the device may transmit at once.
+    fn send(&self, slot: usize, len: usize, now: Instant) -> Result<(), String> {
         let sge = self.slots.sge(slot * MAX_SIZE, len as u32);
         let wr = SendWr { wr_id: slot as u64, op: SendOp::Send, sg_list: &[sge], flags: SendFlags::SIGNALED };
-        self.qp.post_send(&[wr]).map_err(|e| e.to_string())
+        self.qp.post_send_at(&[wr], now).map_err(|e| e.to_string())
     }
 
     fn mad(&self, tag: &[u8; 4]) -> Mad {
@@ -229,7 +230,7 @@ pub fn pong(ip: Ipv4Addr, port: u16) -> Result<(), String> {
             match wc.opcode {
                 // Echo from the slot it arrived in; the slot is reposted when the echo is sent.
                 WcOpcode::Recv => {
-                    end.send(slot, wc.byte_len as usize)?;
+                    end.send(slot, wc.byte_len as usize, now)?;
                 }
                 _ => end.post_recv(slot)?,
             }
@@ -344,7 +345,7 @@ fn ping(size: usize, duration: Duration, port: u16) -> Result<FloorResult, Strin
             stamp[..8].copy_from_slice(&seq.to_le_bytes());
             end.slots.buf().write(TX * MAX_SIZE, &stamp).map_err(|e| e.to_string())?;
             sent_at = end.clock.now();
-            end.send(TX, size)?;
+            end.send(TX, size, sent_at)?;
             (answered, tx_done) = (false, false);
         } else if now.saturating_duration_since(sent_at) > SETUP_TIMEOUT {
             return Err(format!("ping {seq} was not answered within {SETUP_TIMEOUT:?}"));

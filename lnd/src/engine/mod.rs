@@ -915,7 +915,7 @@ impl<D: Device> Engine<D> {
         };
         if tx.rdma.is_empty() {
             // Most messages: the SEND alone, no list to build.
-            conn.qp.post_send(std::slice::from_ref(&send))?;
+            conn.qp.post_send_at(std::slice::from_ref(&send), now)?;
         } else {
             let rdma_id = tx::wr_id(WrKind::Rdma, tx.generation, txk as u32);
             let mut wrs: Vec<SendWr<'_>> = Vec::with_capacity(tx.rdma.len() + 1);
@@ -928,7 +928,7 @@ impl<D: Device> Engine<D> {
                 });
             }
             wrs.push(send);
-            conn.qp.post_send(&wrs)?;
+            conn.qp.post_send_at(&wrs, now)?;
         }
         let rdma_bytes: u64 = tx.rdma.iter().flat_map(|w| w.sges.iter()).map(|s| u64::from(s.length)).sum();
         tx.sending += 1;

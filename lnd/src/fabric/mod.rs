@@ -314,6 +314,13 @@ pub trait QueuePair: Send + Sync {
     fn modify(&self, m: &QpModify) -> Result<(), FabricError>;
     /// `ibv_post_send`. On failure, work requests before the reported index were posted.
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), FabricError>;
+    /// [`QueuePair::post_send`] by a caller that knows the time: a device whose transport
+    /// runs in software may start transmitting at once (an HCA's doorbell) instead of at its
+    /// next `progress`. A device with the transport in hardware does plain `post_send`.
+    fn post_send_at(&self, wrs: &[SendWr<'_>], now: Instant) -> Result<(), FabricError> {
+        let _ = now;
+        self.post_send(wrs)
+    }
     /// `ibv_post_recv`. On failure, work requests before the reported index were posted.
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), FabricError>;
 }

@@ -238,6 +238,11 @@ impl Wire for FaultyWire {
         !self.rx_held.is_empty() || !self.tx_held.is_empty() || self.inner.rx_pending()
     }
 
+    fn immediate_route(&self, dst: Ipv4Addr) -> bool {
+        // With faults on, frames are held and released frame by frame in `progress`.
+        self.passes_straight() && self.inner.immediate_route(dst)
+    }
+
     fn close_same_host(&mut self) {
         self.inner.close_same_host();
     }

@@ -39,7 +39,9 @@
 //! transmits what was posted, receives frames, runs the transport and timers, and transmits
 //! what they made. [`crate::fabric::Device::progress_receive`] (the engine's first half-poll)
 //! keeps the ACK of a single SEND for the next call, so the reply posted in between carries
-//! it. The protocol never reads a clock (`now` is an argument) and runs on the caller's
+//! it. The one exception to "posting only queues" is the doorbell of
+//! [`crate::fabric::QueuePair::post_send_at`]: to a destination behind a same-host ring
+//! (nothing to batch) the posted work is transmitted at once, with `now` from the caller. The protocol never reads a clock (`now` is an argument) and runs on the caller's
 //! thread; the one thread the device starts is its copy engine's helper ([`copier`]), which
 //! only copies bytes for a `progress` call that waits for it, and parks when idle.
 
@@ -1274,6 +1276,27 @@ impl QueuePair for SoftQp {
             }
             Ok(())
         })?
+    }
+
+    /// The doorbell: when the QP's destination is reached through a same-host ring (no system
+    /// call per frame, so nothing to batch), what was posted is transmitted now, under the same
+    /// lock, with the ACKs waiting riding on it, instead of at the caller's next `progress`.
+    /// Elsewhere (UDP, where frames are batched into one system call, or faults on) it is
+    /// `post_send`. Transmit errors are left to the next `progress` (a lost frame is
+    /// retransmitted): the work requests are posted either way.
+    fn post_send_at(&self, wrs: &[SendWr<'_>], now: Instant) -> Result<(), FabricError> {
+        let mut s = self.shared.lock();
+        let DevState { qps, mrs, .. } = &mut *s;
+        let e = qps.get_mut(&self.qpn).ok_or(FabricError::NotFound { what: "queue pair" })?;
+        let posted = wrs.iter().enumerate().try_for_each(|(index, wr)| {
+            e.rc.post_send(wr, mrs).map_err(|reason| FabricError::Post { index, reason })
+        });
+        let dest = e.rc.dest_ip();
+        s.after_qp(self.qpn, None);
+        if dest.is_some_and(|d| s.wire.immediate_route(d)) {
+            let _ = s.transmit(now, self.shared.ip, self.shared.udp_port, false);
+        }
+        posted
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), FabricError> {

@@ -76,6 +76,11 @@ pub trait Wire: Send {
     fn rx_pending(&self) -> bool {
         true
     }
+    /// Whether frames to `dst` leave without a system call (a same-host ring is open to it),
+    /// so that sending each as soon as it is posted loses nothing to batching.
+    fn immediate_route(&self, _dst: Ipv4Addr) -> bool {
+        false
+    }
 }
 
 /// Counters of a wire's same-host rings ([`super::ring`]).
@@ -533,6 +538,10 @@ impl Wire for UdpWire {
         !self.drained || self.rings_rx.iter().any(|(_, _, r)| !r.is_empty())
     }
 
+    fn immediate_route(&self, dst: Ipv4Addr) -> bool {
+        self.rings_tx.get(&dst).is_some_and(|r| r.ring.is_some())
+    }
+
     fn close_same_host(&mut self) {
         self.registry = None;
         self.rings_tx.clear();
@@ -581,8 +590,10 @@ mod tests {
         a.publish(1).unwrap();
         b.publish(2).unwrap();
         let now = Instant::from_nanos(1);
+        assert!(!a.immediate_route(ib), "no ring before the first frame");
         // First frame: a new ring, the consumer unknown: doorbell, then the frame from the ring.
         a.send(now, ib, b"first").unwrap();
+        assert!(a.immediate_route(ib), "the ring is open");
         assert_eq!(recv_frame(&mut b).as_deref(), Some(&b"first"[..]));
         // Until a poller reports the socket, a frame may be waiting in it; once it did and
         // the socket is drained, only a frame in a ring is (no system call to tell).
@@ -610,6 +621,7 @@ mod tests {
         }
         // To and from a port without the path: UDP.
         a.send(now, ic, b"udp").unwrap();
+        assert!(!a.immediate_route(ic), "UDP frames are batched: no immediate route");
         assert_eq!(recv_frame(&mut c).as_deref(), Some(&b"udp"[..]));
         c.send(now, ia, b"back").unwrap();
         assert_eq!(recv_frame(&mut a).as_deref(), Some(&b"back"[..]));
