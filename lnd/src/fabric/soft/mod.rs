@@ -41,9 +41,10 @@
 //! keeps the ACK of a single SEND for the next call, so the reply posted in between carries
 //! it. The one exception to "posting only queues" is the doorbell of
 //! [`crate::fabric::QueuePair::post_send_at`]: to a destination behind a same-host ring
-//! (nothing to batch) the posted work is transmitted at once, with `now` from the caller. The protocol never reads a clock (`now` is an argument) and runs on the caller's
-//! thread; the one thread the device starts is its copy engine's helper ([`copier`]), which
-//! only copies bytes for a `progress` call that waits for it, and parks when idle.
+//! (nothing to batch) the device transmits at once, with `now` from the caller. The protocol
+//! never reads a clock (`now` is an argument) and runs on the caller's thread; the one thread
+//! the device starts is its copy engine's helper ([`copier`]), which only copies bytes for a
+//! `progress` call that waits for it, and parks when idle.
 
 pub mod copier;
 pub use copier::CopyHelper;
@@ -1279,8 +1280,9 @@ impl QueuePair for SoftQp {
     }
 
     /// The doorbell: when the QP's destination is reached through a same-host ring (no system
-    /// call per frame, so nothing to batch), what was posted is transmitted now, under the same
-    /// lock, with the ACKs waiting riding on it, instead of at the caller's next `progress`.
+    /// call per frame, so nothing to batch), the device transmits now, under the same lock,
+    /// instead of at the caller's next `progress`: what was posted, with the ACKs waiting
+    /// riding on it (and whatever else is ready to go, as `progress` would).
     /// Elsewhere (UDP, where frames are batched into one system call, or faults on) it is
     /// `post_send`. Transmit errors are left to the next `progress` (a lost frame is
     /// retransmitted): the work requests are posted either way.
