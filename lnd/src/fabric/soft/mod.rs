@@ -1239,6 +1239,22 @@ impl SoftQp {
         s.after_qp(self.qpn, None);
         Ok(r)
     }
+
+    /// `post_send`, and with `now` the doorbell of `post_send_at`.
+    fn post_sends(&self, wrs: &[SendWr<'_>], now: Option<Instant>) -> Result<(), FabricError> {
+        let mut s = self.shared.lock();
+        let DevState { qps, mrs, .. } = &mut *s;
+        let e = qps.get_mut(&self.qpn).ok_or(FabricError::NotFound { what: "queue pair" })?;
+        let posted = wrs.iter().enumerate().try_for_each(|(index, wr)| {
+            e.rc.post_send(wr, mrs).map_err(|reason| FabricError::Post { index, reason })
+        });
+        let dest = e.rc.dest_ip();
+        s.after_qp(self.qpn, None);
+        if let Some(now) = now.filter(|_| dest.is_some_and(|d| s.wire.immediate_route(d))) {
+            let _ = s.transmit(now, self.shared.ip, self.shared.udp_port, false);
+        }
+        posted
+    }
 }
 
 impl QueuePair for SoftQp {
@@ -1271,12 +1287,7 @@ impl QueuePair for SoftQp {
     }
 
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), FabricError> {
-        self.with_entry(|mrs, e| {
-            for (index, wr) in wrs.iter().enumerate() {
-                e.rc.post_send(wr, mrs).map_err(|reason| FabricError::Post { index, reason })?;
-            }
-            Ok(())
-        })?
+        self.post_sends(wrs, None)
     }
 
     /// The doorbell: when the QP's destination is reached through a same-host ring (no system
@@ -1287,18 +1298,7 @@ impl QueuePair for SoftQp {
     /// `post_send`. Transmit errors are left to the next `progress` (a lost frame is
     /// retransmitted): the work requests are posted either way.
     fn post_send_at(&self, wrs: &[SendWr<'_>], now: Instant) -> Result<(), FabricError> {
-        let mut s = self.shared.lock();
-        let DevState { qps, mrs, .. } = &mut *s;
-        let e = qps.get_mut(&self.qpn).ok_or(FabricError::NotFound { what: "queue pair" })?;
-        let posted = wrs.iter().enumerate().try_for_each(|(index, wr)| {
-            e.rc.post_send(wr, mrs).map_err(|reason| FabricError::Post { index, reason })
-        });
-        let dest = e.rc.dest_ip();
-        s.after_qp(self.qpn, None);
-        if dest.is_some_and(|d| s.wire.immediate_route(d)) {
-            let _ = s.transmit(now, self.shared.ip, self.shared.udp_port, false);
-        }
-        posted
+        self.post_sends(wrs, Some(now))
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), FabricError> {

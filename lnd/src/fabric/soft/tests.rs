@@ -30,7 +30,11 @@ fn ip(n: u8) -> Ipv4Addr {
 }
 
 fn node(net: &SimNet, n: u8, config: SoftConfig, buf_len: usize) -> Node {
-    let dev = SoftDevice::open_sim(net, ip(n), config);
+    node_on(SoftDevice::open_sim(net, ip(n), config), buf_len)
+}
+
+/// A PD, a CQ, an RC QP and a registered buffer of `buf_len` bytes on `dev`.
+fn node_on(dev: SoftDevice, buf_len: usize) -> Node {
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(4096).unwrap();
     let cap =
@@ -1420,19 +1424,7 @@ fn post_send_at_transmits_at_once_over_a_same_host_ring_and_waits_for_progress_e
     for (n, path) in [(1u8, SingleCopy::Auto), (3, SingleCopy::Off)] {
         let udp_node = |host: u8| {
             let config = SoftConfig { udp_port: port, single_copy: path, ..config(seed()) };
-            let dev = SoftDevice::open_udp(Ipv4Addr::new(127, 0, 43, host), config).unwrap();
-            let pd = dev.alloc_pd().unwrap();
-            let cq = dev.create_cq(64).unwrap();
-            let cap = QpCaps {
-                max_send_wr: 16,
-                max_recv_wr: 16,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            };
-            let qp = dev.create_qp(&pd, &cq, &cq, &QpInitAttr { cap, sq_sig_all: false }).unwrap();
-            let buf = RegisteredBuf::new(&dev, &pd, 4096, RW).unwrap();
-            Node { dev, pd, cq, qp, buf }
+            node_on(SoftDevice::open_udp(Ipv4Addr::new(127, 0, 43, host), config).unwrap(), 4096)
         };
         let (a, b) = (udp_node(n), udp_node(n + 1));
         connect(&a, &b, RC);
