@@ -107,6 +107,11 @@ pub struct FabricStats {
     pub ring_doorbells: u64,
     /// Frames dropped because a same-host ring was full.
     pub ring_full: u64,
+    /// Frames sent into same-host rings without their ICRC (nothing but this host's memory
+    /// between the two devices: no fault injection).
+    pub ring_frames_unsealed_sent: u64,
+    /// Frames received from same-host rings without an ICRC, decoded without its check.
+    pub ring_frames_unsealed_received: u64,
     /// Completion-channel notifications: completions that found their CQ armed and signalled
     /// its fd (a consumer polling an unarmed CQ gets none).
     pub cq_notifications: u64,

@@ -12,6 +12,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+use super::packet::{self, IcrcMeta};
 use super::wire::{Received, Wire};
 use crate::rng::Rng;
 use crate::time::Instant;
@@ -289,6 +290,21 @@ impl Wire for FaultyWire {
         Ok(())
     }
 
+    fn send_unsealed(
+        &mut self,
+        now: Instant,
+        dst: Ipv4Addr,
+        frames: &mut [u8],
+        seg: usize,
+    ) -> io::Result<()> {
+        if self.passes_straight() {
+            return self.inner.send_unsealed(now, dst, frames, seg);
+        }
+        // Faults apply to frames as on a link: sealed, so that a corrupted one is caught.
+        super::wire::seal_all(self.inner.local_ip(), dst, self.inner.udp_port(), frames, seg);
+        self.send_segments(now, dst, frames, seg)
+    }
+
     fn recv(&mut self, now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>> {
         if self.passes_straight() {
             return self.inner.recv(now, buf);
@@ -309,6 +325,13 @@ impl Wire for FaultyWire {
             let Some(mut meta) = self.inner.recv(now, buf)? else {
                 return Ok(None);
             };
+            if !meta.sealed {
+                // An unsealed frame from a ring (its sender saw no faults) meets this side's:
+                // seal it as its link would have, so that a corruption below is caught.
+                let m = IcrcMeta::new(meta.src, self.inner.local_ip(), meta.src_port, self.inner.udp_port());
+                let _ = buf.get_mut(..meta.len).map(|f| packet::seal(&m, f));
+                meta.sealed = true;
+            }
             if meta.seg > 0 && !self.config.rx.is_none() {
                 // Faults apply frame by frame: keep the coalesced followers in arrival order.
                 let seg = meta.seg;

@@ -73,6 +73,7 @@ use std::time::Duration;
 
 use lnet_shim::hash::FastMap;
 
+use self::wire::Received;
 pub use cq::SoftCq;
 pub use fault::{DirFaults, FaultConfig, FaultStats};
 pub use place::{LocalPeer, SingleCopy};
@@ -222,6 +223,8 @@ struct TxBatch {
     count: usize,
     /// A frame shorter than `seg` was added: nothing may follow it.
     closed: bool,
+    /// The frames are unsealed (their ICRC not computed: [`Wire::send_unsealed`]).
+    unsealed: bool,
 }
 
 impl Default for TxBatch {
@@ -233,6 +236,7 @@ impl Default for TxBatch {
             seg: 0,
             count: 0,
             closed: false,
+            unsealed: false,
         }
     }
 }
@@ -241,7 +245,7 @@ impl TxBatch {
     /// A batch with no buffer, left in the device while `transmit` borrows the real one (so
     /// that borrowing it allocates and zero-fills nothing).
     fn placeholder() -> TxBatch {
-        TxBatch { buf: Vec::new(), used: 0, dst: None, seg: 0, count: 0, closed: false }
+        TxBatch { buf: Vec::new(), used: 0, dst: None, seg: 0, count: 0, closed: false, unsealed: false }
     }
 
     fn clear(&mut self) {
@@ -252,20 +256,23 @@ impl TxBatch {
         self.closed = false;
     }
 
-    /// Whether a frame of `len` bytes to `dst`, written at `start`, can join the batch.
-    fn fits(&self, dst: Ipv4Addr, len: usize, start: usize) -> bool {
+    /// Whether a frame of `len` bytes to `dst`, written at `start` (`unsealed` or not), can
+    /// join the batch.
+    fn fits(&self, dst: Ipv4Addr, len: usize, start: usize, unsealed: bool) -> bool {
         self.count == 0
             || (self.dst == Some(dst)
+                && self.unsealed == unsealed
                 && !self.closed
                 && len <= self.seg
                 && self.count < wire::MAX_GSO_SEGMENTS
                 && start + len <= wire::MAX_GSO_BYTES)
     }
 
-    fn push(&mut self, dst: Ipv4Addr, len: usize) {
+    fn push(&mut self, dst: Ipv4Addr, len: usize, unsealed: bool) {
         if self.count == 0 {
             self.dst = Some(dst);
             self.seg = len;
+            self.unsealed = unsealed;
         } else if len < self.seg {
             self.closed = true;
         }
@@ -274,7 +281,10 @@ impl TxBatch {
 
     /// Sends the frames before byte `start` and moves the bytes after it to the front.
     fn flush_before(&mut self, now: Instant, wire: &mut FaultyWire, start: usize) -> std::io::Result<()> {
-        let r = match (self.dst, self.buf.get(..start)) {
+        let r = match (self.dst, self.buf.get_mut(..start)) {
+            (Some(dst), Some(frames)) if self.count > 0 && self.unsealed => {
+                wire.send_unsealed(now, dst, frames, self.seg)
+            }
             (Some(dst), Some(frames)) if self.count > 0 => {
                 send_batch(now, wire, dst, frames, self.seg, self.count)
             }
@@ -286,6 +296,7 @@ impl TxBatch {
         self.seg = 0;
         self.count = 0;
         self.closed = false;
+        self.unsealed = false;
         r
     }
 
@@ -416,7 +427,7 @@ impl Shared {
                     let mut at = 0;
                     while at < r.len {
                         let n = seg.min(r.len - at);
-                        s.handle_frame(now, local, port, r.src, r.src_port, at, n);
+                        s.handle_frame(now, local, port, &r, at, n);
                         at += n;
                     }
                 }
@@ -733,21 +744,22 @@ impl DevState {
         }
     }
 
-    /// Handles the frame at `rx_buf[at..at + len]`.
-    #[allow(clippy::too_many_arguments, reason = "one received frame and where it came from")]
+    /// Handles the frame at `rx_buf[at..at + len]`, one of what `r` received; an unsealed
+    /// one ([`Received::sealed`]) is decoded without the ICRC check.
     fn handle_frame(
         &mut self,
         now: Instant,
         local: Ipv4Addr,
         udp_port: u16,
-        src: Ipv4Addr,
-        src_port: u16,
+        r: &Received,
         at: usize,
         len: usize,
     ) {
-        let meta = IcrcMeta::new(src, local, src_port, udp_port);
+        let src = r.src;
+        let meta = IcrcMeta::new(src, local, r.src_port, udp_port);
         let frame = self.rx_buf.get(at..at + len).unwrap_or_default();
-        let pkt = match packet::parse(&meta, frame) {
+        let parsed = if r.sealed { packet::parse(&meta, frame) } else { packet::parse_unchecked(frame) };
+        let pkt = match parsed {
             Ok(p) => p,
             Err(PacketError::BadIcrc { .. }) => {
                 self.stats.bad_icrc += 1;
@@ -847,16 +859,20 @@ impl DevState {
                     continue;
                 }
                 e.in_ready = false;
+                // Whether this QP's frames go straight into a same-host ring (its destination
+                // is the same for all of them): then they leave without their ICRC.
+                let mut unsealed = None;
                 while sent < QP_BURST.min(budget) {
                     let start = batch.used;
                     let Some(slot) = batch.buf.get_mut(start..start + MAX_FRAME) else { break };
                     let Some(tx) = e.rc.poll_transmit(now, mrs, slot, stats) else { break };
+                    let unsealed = *unsealed.get_or_insert_with(|| wire.immediate_route(tx.dst));
                     let meta = IcrcMeta::new(local, tx.dst, udp_port, udp_port);
-                    if batch
-                        .buf
-                        .get_mut(start..start + tx.len)
-                        .is_none_or(|f| packet::seal(&meta, f).is_err())
-                    {
+                    let closed = batch.buf.get_mut(start..start + tx.len).map(|f| match unsealed {
+                        true => packet::seal_without_icrc(f),
+                        false => packet::seal(&meta, f),
+                    });
+                    if closed.is_none_or(|r| r.is_err()) {
                         stats.malformed += 1;
                         continue;
                     }
@@ -864,14 +880,14 @@ impl DevState {
                     sent += 1;
                     stats.tx_packets += 1;
                     stats.tx_bytes += tx.len as u64;
-                    if !batch.fits(tx.dst, tx.len, start) {
+                    if !batch.fits(tx.dst, tx.len, start, unsealed) {
                         // Send what was batched before this frame, then start over with it.
                         if let Err(err) = batch.flush_before(now, wire, start) {
                             result = Err(err);
                             break 'qps;
                         }
                     }
-                    batch.push(tx.dst, tx.len);
+                    batch.push(tx.dst, tx.len, unsealed);
                 }
             }
             budget = budget.saturating_sub(sent.max(1));
@@ -1124,6 +1140,8 @@ impl Device for SoftDevice {
             ring_frames_received: r.received,
             ring_doorbells: r.doorbells,
             ring_full: r.full,
+            ring_frames_unsealed_sent: r.unsealed_sent,
+            ring_frames_unsealed_received: r.unsealed_received,
             placed_split: s.place.copies_split(),
             placed_streamed: s.place.copies_streamed(),
             ..s.stats

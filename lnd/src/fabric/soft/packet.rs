@@ -28,7 +28,8 @@
 //!   IPv4 and UDP headers and the BTH with their variant fields masked, the remaining headers,
 //!   the payload and the pad; appended least-significant byte first. A userspace UDP socket
 //!   does not see the IPv4 header, so the covered IPv4/UDP fields are reconstructed from an
-//!   [`IcrcMeta`];
+//!   [`IcrcMeta`]. A frame that crosses only this host's memory is closed without it
+//!   ([`seal_without_icrc`], the field zero) and decoded with [`parse_unchecked`];
 //! * **PSN arithmetic** modulo 2^24 ([`psn_add`], [`psn_diff`], [`psn_lt`]) and the IBTA timer
 //!   encodings ([`rnr_timer_duration`], [`ack_timeout_duration`]).
 //!
@@ -818,6 +819,18 @@ pub fn emit_headers(headers: &Headers, payload_len: usize, frame: &mut [u8]) -> 
 /// ICRC, and with [`PacketError::BadPad`] if the payload area does not agree with the pad
 /// count (a frame of the wrong length for the `payload_len` given to [`emit_headers`]).
 pub fn seal(meta: &IcrcMeta, frame: &mut [u8]) -> Result<(), PacketError> {
+    finish(Some(meta), frame)
+}
+
+/// [`seal`] without the ICRC: zeroes the pad and the ICRC field, with the same checks. For a
+/// frame that only crosses this host's memory ([`super::ring`], "Unsealed frames"); its
+/// receiver decodes it with [`parse_unchecked`].
+pub fn seal_without_icrc(frame: &mut [u8]) -> Result<(), PacketError> {
+    finish(None, frame)
+}
+
+/// [`seal`] (with `meta`) or [`seal_without_icrc`] (without).
+fn finish(meta: Option<&IcrcMeta>, frame: &mut [u8]) -> Result<(), PacketError> {
     let have = frame.len();
     if have > MAX_FRAME_LEN {
         return Err(PacketError::FieldOutOfRange {
@@ -842,7 +855,7 @@ pub fn seal(meta: &IcrcMeta, frame: &mut [u8]) -> Result<(), PacketError> {
     if let Some(pad_bytes) = frame.get_mut(icrc_at - pad..icrc_at) {
         pad_bytes.fill(0);
     }
-    let crc = icrc(meta, frame.get(..icrc_at).unwrap_or_default());
+    let crc = meta.map_or(0, |m| icrc(m, frame.get(..icrc_at).unwrap_or_default()));
     put(frame, icrc_at, &crc.to_le_bytes())?;
     Ok(())
 }
@@ -1278,6 +1291,25 @@ mod tests {
             Err(PacketError::BadIcrc { expected: icrc(&other, &body), found: 0x3D4D_6070 })
         );
         assert!(parse_unchecked(&frame).is_ok());
+    }
+
+    #[test]
+    fn a_frame_sealed_without_icrc_decodes_unchecked_only() {
+        let meta = IcrcMeta::new(Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2), 4791, 4791);
+        let headers = Headers::new(Bth::new(Opcode::RcSendOnly, 3, 9));
+        let mut f = Vec::new();
+        build(&meta, &headers, b"abc", &mut f).unwrap();
+        let sealed = f.clone();
+        // A stale pad byte is zeroed, as by `seal`.
+        let pad_at = f.len() - ICRC_LEN - 1;
+        f[pad_at] = 0xAA;
+        seal_without_icrc(&mut f).unwrap();
+        assert_eq!(&f[f.len() - ICRC_LEN..], &[0; ICRC_LEN]);
+        assert_eq!(f[..f.len() - ICRC_LEN], sealed[..sealed.len() - ICRC_LEN]);
+        assert_eq!(parse_unchecked(&f).unwrap().payload, b"abc");
+        assert!(matches!(parse(&meta, &f), Err(PacketError::BadIcrc { found: 0, .. })));
+        // The same checks as `seal`.
+        assert!(seal_without_icrc(&mut f[..BTH_LEN]).is_err());
     }
 
     #[test]

@@ -15,8 +15,8 @@
 //!  64  tail: bytes written (producer; for the producer and for inspection)
 //! 128  head: bytes consumed (consumer)
 //! 192  sleeping: 1 while the consumer may sleep (consumer)   196  rung (producer/consumer)
-//! 4096 data: records [len u32, 0 u32, stamp u64, frame, pad to 16];
-//!      len 0xffff_ffff: wrap to the start
+//! 4096 data: records [len u32, flags u32, stamp u64, frame, pad to 16];
+//!      len 0xffff_ffff: wrap to the start; flags: 0, or 1 (`UNSEALED`: no ICRC, below)
 //! ```
 //!
 //! **Publication.** A record is published by its stamp, the ring position it starts at
@@ -39,8 +39,17 @@
 //! **Trust.** Rings live in the user's private directory, so only processes of the same user
 //! can create them; their contents are still untrusted input: every index and length read
 //! from shared memory is checked against the mapping before use, a ring that breaks the rules
-//! is dropped, and its frames go through the same ICRC and parsing as a datagram's. A full
-//! ring drops the frame, as a full socket buffer would; RC retransmits it.
+//! is dropped, and its frames go through the same parsing as a datagram's. A full ring drops
+//! the frame, as a full socket buffer would; RC retransmits it.
+//!
+//! **Unsealed frames.** A frame that goes from the sending device straight into a ring (no
+//! fault injection in between: [`super::wire::Wire::immediate_route`]) crosses nothing but
+//! this host's memory, which no link corrupts, so the device leaves its ICRC uncomputed (the
+//! field zero) and the record says so (`UNSEALED`); the receiving device parses it without the
+//! ICRC check. Every other frame, including every frame a fault injector may have altered on
+//! its way into a ring, is sealed and checked. (The ICRC never guarded against a hostile
+//! producer, which can compute it; the parsing does.) A record with flags other than 0 or
+//! `UNSEALED` breaks the rules.
 
 use std::fs;
 use std::io;
@@ -69,8 +78,10 @@ const WRAP: u32 = u32::MAX;
 const MAX_RECORD: usize = 16 << 10;
 /// Bytes of a record prefetched ahead of its copy (a small SEND or an ACK, whole).
 const PREFETCH: usize = 256;
-/// A record's header: length, a reserved word, the stamp.
+/// A record's header: length, flags, the stamp.
 const REC_HDR: usize = 16;
+/// Record flag: the frame's ICRC was not computed (see the module doc).
+const UNSEALED: u32 = 1;
 
 /// The stamp that publishes a record starting at ring position `pos`.
 fn stamp(pos: u64) -> u64 {
@@ -252,8 +263,14 @@ impl RingTx {
         self.nonce
     }
 
-    /// Appends `frame`.
+    /// Appends `frame`, sealed (its ICRC computed).
+    #[cfg(test)]
     pub(crate) fn push(&mut self, frame: &[u8]) -> Pushed {
+        self.push_record(frame, true)
+    }
+
+    /// Appends `frame`; `sealed` false marks a frame whose ICRC was not computed.
+    pub(crate) fn push_record(&mut self, frame: &[u8], sealed: bool) -> Pushed {
         let cap = self.map.cap;
         if frame.len() > MAX_RECORD {
             return Pushed::Full;
@@ -284,6 +301,9 @@ impl RingTx {
         }
         let mut head_bytes = [0u8; 8];
         head_bytes[..4].copy_from_slice(&(frame.len() as u32).to_le_bytes());
+        if !sealed {
+            head_bytes[4..].copy_from_slice(&UNSEALED.to_le_bytes());
+        }
         self.map.write_data(pos, &head_bytes);
         self.map.write_data(pos + REC_HDR, frame);
         // Published: the consumer may read the record from here on.
@@ -308,6 +328,15 @@ impl Drop for RingTx {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.path);
     }
+}
+
+/// A frame taken from a ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Popped {
+    /// Its length.
+    pub(crate) len: usize,
+    /// Whether its ICRC was computed (false: an unsealed frame, see the module doc).
+    pub(crate) sealed: bool,
 }
 
 /// Why a ring was given up.
@@ -362,8 +391,9 @@ impl RingRx {
         self.nonce
     }
 
-    /// Takes the next frame into `buf`: its length, `Ok(None)` if the ring is empty.
-    pub(crate) fn pop(&mut self, buf: &mut [u8]) -> Result<Option<usize>, RingError> {
+    /// Takes the next frame into `buf`: its length and whether it is sealed, `Ok(None)` if
+    /// the ring is empty.
+    pub(crate) fn pop(&mut self, buf: &mut [u8]) -> Result<Option<Popped>, RingError> {
         let cap = self.map.cap;
         // A wrap marker, then the record at the start: two looks at most.
         for _ in 0..2 {
@@ -373,9 +403,10 @@ impl RingRx {
             if st.load(Ordering::Acquire) != stamp(head) {
                 return Ok(None);
             }
-            let mut lenb = [0u8; 4];
-            self.map.read_data(at, &mut lenb);
-            let len = u32::from_le_bytes(lenb);
+            let mut hdr = [0u8; 8];
+            self.map.read_data(at, &mut hdr);
+            let [l0, l1, l2, l3, f0, f1, f2, f3] = hdr;
+            let len = u32::from_le_bytes([l0, l1, l2, l3]);
             if len == WRAP {
                 if at == 0 {
                     return Err(RingError::Corrupt);
@@ -385,12 +416,13 @@ impl RingRx {
             }
             let len = len as usize;
             let rec = REC_HDR + round16(len);
-            if len > MAX_RECORD || len > buf.len() || at + rec > cap {
+            let flags = u32::from_le_bytes([f0, f1, f2, f3]);
+            if len > MAX_RECORD || len > buf.len() || at + rec > cap || flags & !UNSEALED != 0 {
                 return Err(RingError::Corrupt);
             }
             self.map.read_data(at + REC_HDR, &mut buf[..len]);
             self.map.u64_at(OFF_HEAD).store(head.wrapping_add(rec as u64), Ordering::Release);
-            return Ok(Some(len));
+            return Ok(Some(Popped { len, sealed: flags & UNSEALED == 0 }));
         }
         Err(RingError::Corrupt)
     }
@@ -508,7 +540,7 @@ pub fn consume_hostile(input: &[u8]) -> Option<Consumed> {
     let mut out = Consumed { buf_len, ..Consumed::default() };
     for _ in 0..20_000 {
         match rx.pop(&mut buf) {
-            Ok(Some(n)) => out.frames.push(n),
+            Ok(Some(p)) => out.frames.push(p.len),
             Ok(None) => break,
             Err(e) => {
                 out.error = Some(e);
@@ -552,7 +584,7 @@ mod tests {
                 }
             }
             for _ in 0..5 {
-                let Some(n) = rx.pop(&mut buf).unwrap() else { break };
+                let Some(Popped { len: n, sealed: true }) = rx.pop(&mut buf).unwrap() else { break };
                 let want = (got as usize * 37) % 4100 + 1;
                 assert_eq!(n, want, "frame {got}");
                 assert!(
@@ -575,7 +607,7 @@ mod tests {
         }
         assert_eq!(n, RING_CAPACITY / (4096 + REC_HDR));
         let mut buf = vec![0u8; 8192];
-        assert_eq!(rx.pop(&mut buf).unwrap(), Some(4096));
+        assert_eq!(rx.pop(&mut buf).unwrap(), Some(Popped { len: 4096, sealed: true }));
         assert_ne!(tx.push(&frame), Pushed::Full);
         assert_eq!(tx.push(&vec![0u8; MAX_RECORD + 1]), Pushed::Full, "too large for a record");
     }
@@ -603,6 +635,23 @@ mod tests {
         assert_eq!(parse_doorbell(&doorbell(tx.nonce())), Some(0x5eed));
         assert_eq!(parse_doorbell(&doorbell(1)[..15]), None);
         assert_eq!(parse_doorbell(b"LNDBELL2\0\0\0\0\0\0\0\0"), None);
+    }
+
+    #[test]
+    fn a_record_says_whether_its_frame_is_sealed_and_unknown_flags_are_refused() {
+        let (mut tx, mut rx) = pair("flags");
+        let mut buf = vec![0u8; 64];
+        tx.push_record(b"sealed", true);
+        tx.push_record(b"unsealed", false);
+        assert_eq!(rx.pop(&mut buf), Ok(Some(Popped { len: 6, sealed: true })));
+        assert_eq!(rx.pop(&mut buf), Ok(Some(Popped { len: 8, sealed: false })));
+        assert_eq!(&buf[..8], b"unsealed");
+        assert_eq!(rx.pop(&mut buf), Ok(None));
+        // A flag this version does not know: the producer broke the rules.
+        let (mut tx, mut rx) = pair("flags2");
+        tx.push_record(b"hello", false);
+        tx.map.write_data(4, &(UNSEALED | 2).to_le_bytes());
+        assert_eq!(rx.pop(&mut buf), Err(RingError::Corrupt));
     }
 
     #[test]

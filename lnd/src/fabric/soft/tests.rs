@@ -1471,3 +1471,123 @@ fn post_send_at_transmits_at_once_over_a_same_host_ring_and_waits_for_progress_e
         assert_eq!(a.dev.stats().ring_frames_sent > 0, path == SingleCopy::Auto, "{path:?}");
     }
 }
+
+/// Frames that go from one device straight into a same-host ring leave without their ICRC and
+/// are decoded without its check; fault injection on either side makes them sealed and
+/// checked again, so a corrupted frame is still caught (and retransmitted) rather than
+/// delivered. Every SEND's payload is verified.
+#[test]
+fn ring_frames_go_unsealed_and_faults_on_either_side_seal_and_check_them() {
+    let s = seed();
+    let port = 40_000 + (std::process::id() % 5000) as u16;
+    let corrupt = FaultConfig { tx: DirFaults::NONE, rx: DirFaults { corrupt: 0.1, ..DirFaults::NONE } };
+    let tx_corrupt = FaultConfig { tx: corrupt.rx, rx: DirFaults::NONE };
+    // (hosts, a's faults, b's faults)
+    let cases = [
+        (1u8, FaultConfig::NONE, FaultConfig::NONE),
+        (3, FaultConfig::NONE, corrupt),
+        (5, tx_corrupt, FaultConfig::NONE),
+    ];
+    for (n, fa, fb) in cases {
+        let udp_node = |host: u8, faults: FaultConfig| {
+            let config = SoftConfig { udp_port: port, faults, ..config(s + u64::from(host)) };
+            node_on(SoftDevice::open_udp(Ipv4Addr::new(127, 0, 44, host), config).unwrap(), 1 << 20)
+        };
+        let (a, b) = (udp_node(n, fa), udp_node(n + 1, fb));
+        connect(&a, &b, RC);
+        const MSGS: u64 = 300;
+        const LEN: usize = 1000;
+        for i in 0..64u64 {
+            b.qp.post_recv(&[RecvWr { wr_id: i, sg_list: &[b.buf.sge(i as usize * 4096, 4096)] }]).unwrap();
+        }
+        let (mut posted, mut got, mut acked) = (0u64, 0u64, 0u64);
+        let mut now = Instant::ZERO;
+        // A first round opens the rings both ways (frames sent before a ring exists go sealed,
+        // by UDP or by the send that opens it); the second is counted.
+        let mut before = (a.dev.stats(), b.dev.stats());
+        for target in [16, MSGS] {
+            before = (a.dev.stats(), b.dev.stats());
+            let done = run_until(&[&a.dev, &b.dev], &mut now, 2_000_000, |_| {
+                let mut wcs = Vec::new();
+                poll_all(&b.cq, &mut wcs);
+                for wc in wcs.drain(..) {
+                    assert_eq!(
+                        (wc.status, wc.byte_len as usize),
+                        (WcStatus::Success, LEN),
+                        "seed {s}: {wc:?}"
+                    );
+                    let m = u64::from(wc.imm_data.expect("imm"));
+                    assert_eq!(m, got, "seed {s}: out of order");
+                    let slot = wc.wr_id as usize * 4096;
+                    assert!(
+                        b.buf.buf().to_vec(slot, LEN).unwrap() == pattern(m, LEN),
+                        "seed {s}: message {m} corrupt"
+                    );
+                    got += 1;
+                    b.qp.post_recv(&[RecvWr { wr_id: wc.wr_id, sg_list: &[b.buf.sge(slot, 4096)] }]).unwrap();
+                }
+                poll_all(&a.cq, &mut wcs);
+                for wc in wcs {
+                    assert_eq!((wc.status, wc.wr_id), (WcStatus::Success, acked), "seed {s}: {wc:?}");
+                    acked += 1;
+                }
+                // Posted last: `run_until` stops when nothing is in flight after a turn.
+                while posted < target && posted - got < 16 {
+                    let at = (posted % 16) as usize * 4096;
+                    a.buf.buf().write(at, &pattern(posted, LEN)).unwrap();
+                    let wr = SendWr {
+                        wr_id: posted,
+                        op: SendOp::SendWithImm { imm: posted as u32 },
+                        sg_list: &[a.buf.sge(at, LEN as u32)],
+                        flags: SendFlags::SIGNALED,
+                    };
+                    a.qp.post_send(&[wr]).unwrap();
+                    posted += 1;
+                }
+                got == target && acked == target
+            });
+            assert!(
+                done,
+                "seed {s} case {n}: stalled at {posted}/{got}/{acked}: {:?} {:?}",
+                a.dev.stats(),
+                b.dev.stats()
+            );
+        }
+        let minus = |x: FabricStats, y: FabricStats| FabricStats {
+            ring_frames_sent: x.ring_frames_sent - y.ring_frames_sent,
+            ring_frames_received: x.ring_frames_received - y.ring_frames_received,
+            ring_frames_unsealed_sent: x.ring_frames_unsealed_sent - y.ring_frames_unsealed_sent,
+            ring_frames_unsealed_received: x.ring_frames_unsealed_received - y.ring_frames_unsealed_received,
+            bad_icrc: x.bad_icrc - y.bad_icrc,
+            malformed: x.malformed - y.malformed,
+            retransmits: x.retransmits - y.retransmits,
+            ..x
+        };
+        let (sa, sb) = (minus(a.dev.stats(), before.0), minus(b.dev.stats(), before.1));
+        assert!(sa.ring_frames_sent > 0 && sb.ring_frames_received > 0, "case {n}: no ring: {sa:?}");
+        match (fa == FaultConfig::NONE, fb == FaultConfig::NONE) {
+            (true, true) => {
+                // Both ways unsealed, nothing dropped, nothing retransmitted.
+                assert_eq!(sa.ring_frames_unsealed_sent, sa.ring_frames_sent, "{sa:?}");
+                assert_eq!(sb.ring_frames_unsealed_received, sb.ring_frames_received, "{sb:?}");
+                assert_eq!(sb.ring_frames_unsealed_sent, sb.ring_frames_sent, "{sb:?}");
+                assert_eq!((sa.bad_icrc, sb.bad_icrc, sa.retransmits), (0, 0, 0), "{sa:?} {sb:?}");
+            }
+            (true, false) => {
+                // a sends unsealed; b's injector seals each before corrupting, and b checks.
+                assert!(
+                    sa.ring_frames_unsealed_sent > 0 && sb.ring_frames_unsealed_received > 0,
+                    "{sa:?} {sb:?}"
+                );
+                assert_eq!(sb.ring_frames_unsealed_sent, 0, "b injects faults: it seals: {sb:?}");
+                assert!(sb.bad_icrc + sb.malformed > 0 && sa.retransmits > 0, "seed {s}: {sa:?} {sb:?}");
+            }
+            _ => {
+                // a injects faults: it seals everything it sends, and b catches the corruption.
+                assert_eq!(sa.ring_frames_unsealed_sent, 0, "{sa:?}");
+                assert_eq!(sb.ring_frames_unsealed_received, 0, "{sb:?}");
+                assert!(sb.bad_icrc + sb.malformed > 0 && sa.retransmits > 0, "seed {s}: {sa:?} {sb:?}");
+            }
+        }
+    }
+}

@@ -34,6 +34,21 @@ pub trait Wire: Send {
         }
         Ok(())
     }
+    /// Sends consecutive frames of `seg` bytes each (as [`Wire::send_segments`]) whose ICRC
+    /// the sender left uncomputed because [`Wire::immediate_route`] said `dst` is behind a
+    /// same-host ring with nothing in between ([`super::ring`], "Unsealed frames"). Each goes
+    /// into the ring marked unsealed; one that cannot (the route changed since) is sealed here
+    /// and sent as any other, which is all this default does.
+    fn send_unsealed(
+        &mut self,
+        now: Instant,
+        dst: Ipv4Addr,
+        frames: &mut [u8],
+        seg: usize,
+    ) -> io::Result<()> {
+        seal_all(self.local_ip(), dst, self.udp_port(), frames, seg);
+        self.send_segments(now, dst, frames, seg)
+    }
     /// Receives into `buf`: one frame, or (with [`Received::seg`] non-zero) several
     /// coalesced frames of `seg` bytes each, the last possibly shorter. `Ok(None)` when nothing
     /// is waiting.
@@ -96,6 +111,10 @@ pub struct RingStats {
     pub full: u64,
     /// Rings given up (not a ring of ours, or a producer that broke the rules).
     pub refused: u64,
+    /// Frames sent through rings unsealed (no ICRC computed).
+    pub unsealed_sent: u64,
+    /// Frames received from rings unsealed (parsed without the ICRC check).
+    pub unsealed_received: u64,
 }
 
 /// Where received frames came from and how long they are.
@@ -110,12 +129,25 @@ pub struct Received {
     /// 0 for a single frame; otherwise the buffer holds frames of this size (UDP GRO), the
     /// last one possibly shorter.
     pub seg: usize,
+    /// False for a frame whose ICRC its sender did not compute: one that came through a
+    /// same-host ring straight from the sending device ([`super::ring`], "Unsealed frames").
+    pub sealed: bool,
 }
 
 impl Received {
-    /// A single frame of `len` bytes.
+    /// A single sealed frame of `len` bytes.
     pub fn single(src: Ipv4Addr, src_port: u16, len: usize) -> Received {
-        Received { src, src_port, len, seg: 0 }
+        Received { src, src_port, len, seg: 0, sealed: true }
+    }
+}
+
+/// Computes the ICRC of each of the frames of `seg` bytes (the last possibly shorter) in
+/// `frames`, sent from `local` to `dst` (both on `udp_port`). A frame too malformed to seal
+/// is left as it is; its receiver drops it.
+pub(crate) fn seal_all(local: Ipv4Addr, dst: Ipv4Addr, udp_port: u16, frames: &mut [u8], seg: usize) {
+    let meta = super::packet::IcrcMeta::new(local, dst, udp_port, udp_port);
+    for frame in frames.chunks_mut(seg.max(1)) {
+        let _ = super::packet::seal(&meta, frame);
     }
 }
 
@@ -251,12 +283,16 @@ impl UdpWire {
         route.ring.as_mut().map(|(r, _)| r)
     }
 
-    /// Puts `frame` into the ring to `dst`, ringing its doorbell if the consumer may sleep.
-    fn push_ring(&mut self, now: Instant, dst: Ipv4Addr, frame: &[u8]) -> Option<()> {
+    /// Puts `frame` into the ring to `dst`, ringing its doorbell if the consumer may sleep;
+    /// `sealed` false: its ICRC was not computed. `None` if there is no ring to `dst`.
+    fn push_ring(&mut self, now: Instant, dst: Ipv4Addr, frame: &[u8], sealed: bool) -> Option<()> {
         let port = self.port;
         let ring = self.ring_to(now, dst)?;
-        let pushed = ring.push(frame);
+        let pushed = ring.push_record(frame, sealed);
         let bell = ring::doorbell(ring.nonce());
+        if !sealed && pushed != Pushed::Full {
+            self.ring_stats.unsealed_sent += 1;
+        }
         match pushed {
             Pushed::Queued => self.ring_stats.sent += 1,
             Pushed::RingDoorbell => {
@@ -298,10 +334,13 @@ impl UdpWire {
             let i = (self.rx_next + k) % n;
             let (src, src_port, ring) = self.rings_rx.get_mut(i)?;
             match ring.pop(buf) {
-                Ok(Some(len)) => {
+                Ok(Some(p)) => {
                     self.rx_next = (i + 1) % n;
                     self.ring_stats.received += 1;
-                    return Some(Received::single(*src, *src_port, len));
+                    if !p.sealed {
+                        self.ring_stats.unsealed_received += 1;
+                    }
+                    return Some(Received { sealed: p.sealed, ..Received::single(*src, *src_port, p.len) });
                 }
                 Ok(None) => {}
                 Err(e) => {
@@ -387,7 +426,7 @@ impl UdpWire {
         let len = n as usize;
         let src = Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr));
         let seg = if seg > 0 && seg < len { seg } else { 0 };
-        Ok(Received { src, src_port: u16::from_be(addr.sin_port), len, seg })
+        Ok(Received { src, src_port: u16::from_be(addr.sin_port), len, seg, sealed: true })
     }
 }
 
@@ -415,7 +454,7 @@ impl Wire for UdpWire {
     }
 
     fn send(&mut self, now: Instant, dst: Ipv4Addr, frame: &[u8]) -> io::Result<()> {
-        if self.push_ring(now, dst, frame).is_some() {
+        if self.push_ring(now, dst, frame, true).is_some() {
             return Ok(());
         }
         match self.socket.send_to(frame, SocketAddrV4::new(dst, self.port)) {
@@ -449,6 +488,29 @@ impl Wire for UdpWire {
             }
             Err(e) => Err(e),
         }
+    }
+
+    fn send_unsealed(
+        &mut self,
+        now: Instant,
+        dst: Ipv4Addr,
+        frames: &mut [u8],
+        seg: usize,
+    ) -> io::Result<()> {
+        let seg = seg.max(1);
+        let mut at = 0;
+        while at < frames.len() {
+            let end = frames.len().min(at + seg);
+            let frame = frames.get(at..end).unwrap_or_default();
+            if self.push_ring(now, dst, frame, false).is_none() {
+                // The ring went away since the caller looked: the rest go sealed, by UDP.
+                let rest = frames.get_mut(at..).unwrap_or_default();
+                seal_all(self.ip, dst, self.port, rest, seg);
+                return self.send_segments(now, dst, rest, seg);
+            }
+            at = end;
+        }
+        Ok(())
     }
 
     fn recv(&mut self, _now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>> {
@@ -633,6 +695,47 @@ mod tests {
         assert!(b.rx_pending());
         assert_eq!(b.recv(now, &mut buf).unwrap(), None);
         assert_eq!(b.ring_stats().refused, 1, "no such ring: refused, nothing else changes");
+    }
+
+    /// Unsealed frames go into the ring marked so, and come out with `sealed` false; where
+    /// there is no ring (a port without the same-host path), the wire seals them and they go
+    /// by UDP with a correct ICRC.
+    #[test]
+    fn unsealed_frames_ride_the_ring_marked_and_are_sealed_where_there_is_none() {
+        use super::super::packet::{self, Bth, Headers, IcrcMeta, Opcode};
+        let port = 45_000 + (std::process::id() % 5000) as u16;
+        let (ia, ib, ic) =
+            (Ipv4Addr::new(127, 0, 45, 1), Ipv4Addr::new(127, 0, 45, 2), Ipv4Addr::new(127, 0, 45, 3));
+        let mut a = UdpWire::bind(ia, port).unwrap();
+        let mut b = UdpWire::bind(ib, port).unwrap();
+        let mut c = UdpWire::bind(ic, port).unwrap(); // no same-host path
+        a.publish(5).unwrap();
+        b.publish(6).unwrap();
+        let now = Instant::from_nanos(1);
+        let headers = Headers::new(Bth::new(Opcode::RcSendOnly, 7, 1));
+        let frame = |dst: Ipv4Addr| {
+            let mut f = Vec::new();
+            packet::build(&IcrcMeta::new(ia, dst, port, port), &headers, b"payload!", &mut f).unwrap();
+            packet::seal_without_icrc(&mut f).unwrap();
+            f
+        };
+        a.send(now, ib, b"opens the ring").unwrap();
+        assert_eq!(recv_frame(&mut b).as_deref(), Some(&b"opens the ring"[..]));
+        let mut f = frame(ib);
+        let n = f.len();
+        a.send_unsealed(now, ib, &mut f, n).unwrap();
+        let mut buf = vec![0u8; 2048];
+        let r = b.recv(now, &mut buf).unwrap().expect("in the ring");
+        assert!(!r.sealed, "{r:?}");
+        assert!(packet::parse_unchecked(&buf[..r.len]).is_ok());
+        assert_eq!((a.ring_stats().unsealed_sent, b.ring_stats().unsealed_received), (1, 1));
+        // No ring to c: sealed by the wire, checked by the receiver as any datagram.
+        let mut f = frame(ic);
+        let n = f.len();
+        a.send_unsealed(now, ic, &mut f, n).unwrap();
+        let got = recv_frame(&mut c).expect("by UDP");
+        assert!(packet::parse(&IcrcMeta::new(ia, ic, port, port), &got).is_ok(), "sealed on the way");
+        assert_eq!(a.ring_stats().unsealed_sent, 1);
     }
 
     /// The sleep/doorbell handshake under a racing producer: the consumer sleeps whenever its
