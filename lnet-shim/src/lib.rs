@@ -12,6 +12,7 @@
 pub mod arena;
 pub mod buffer;
 pub mod event;
+pub mod frags;
 pub mod hash;
 pub mod hdr;
 pub mod lnd;
@@ -27,8 +28,8 @@ pub use hdr::{
     WireHandle,
 };
 pub use lnd::{
-    Frag, Health, Lnd, LndError, LndSend, LndUpcalls, PeerInfo, PeerState, RecvDisposition, SendStatus,
-    frags_len,
+    Frag, Frags, Health, Lnd, LndError, LndSend, LndUpcalls, PeerInfo, PeerState, RecvDisposition,
+    SendStatus, frags_len,
 };
 pub use lnet::{
     AckReq, DROP_NAK_MLENGTH, DropCounts, Lnet, LnetConfig, LnetError, LnetStats, Md, MsgCounters,

@@ -16,41 +16,10 @@
 //! Upcalls run on the LND's scheduler threads: they must not block. They may call
 //! [`Lnd::send`] (to send an ACK or a REPLY), which only queues.
 
-use std::sync::Arc;
-
-use crate::buffer::Buffer;
 use crate::event::Errno;
+pub use crate::frags::{Frag, Frags, frags_len};
 use crate::hdr::LnetHdr;
 use crate::nid::Nid;
-
-/// A byte range of a [`Buffer`]: `len` bytes from `offset`.
-#[derive(Clone, Debug)]
-pub struct Frag {
-    /// The buffer (kept alive while the LND uses the fragment).
-    pub buf: Arc<Buffer>,
-    /// Offset of the first byte.
-    pub offset: usize,
-    /// Byte count.
-    pub len: usize,
-}
-
-impl Frag {
-    /// A fragment covering all of `buf`.
-    pub fn whole(buf: Arc<Buffer>) -> Frag {
-        let len = buf.len();
-        Frag { buf, offset: 0, len }
-    }
-
-    /// Whether the range lies inside the buffer.
-    pub fn is_valid(&self) -> bool {
-        self.offset.checked_add(self.len).is_some_and(|end| end <= self.buf.len())
-    }
-}
-
-/// Total bytes of a fragment list (`None` on overflow).
-pub fn frags_len(frags: &[Frag]) -> Option<usize> {
-    frags.iter().try_fold(0usize, |acc, f| acc.checked_add(f.len))
-}
 
 /// A message LNet asks the LND to send.
 #[derive(Clone, Debug)]
@@ -60,11 +29,11 @@ pub struct LndSend {
     /// The LNet header; its `payload_length` must equal the payload's size.
     pub hdr: LnetHdr,
     /// The payload of a PUT or REPLY (empty for GET and ACK).
-    pub payload: Vec<Frag>,
+    pub payload: Frags,
     /// For a GET: where the REPLY's data should land. With a sink the LND may move the reply by
     /// RDMA (GET_REQ/GET_DONE); without one the GET travels as a header-only message and the
     /// peer's LNet sends a REPLY message.
-    pub get_sink: Option<Vec<Frag>>,
+    pub get_sink: Option<Frags>,
     /// LNet's token for this send, returned in [`LndUpcalls::send_done`].
     pub token: u64,
 }
@@ -124,7 +93,7 @@ pub enum RecvDisposition {
     /// [`LndUpcalls::recv_done`]`(token, ..)`.
     Sink {
         /// Where the bytes go (their total is at least `mlength`).
-        frags: Vec<Frag>,
+        frags: Frags,
         /// How many payload bytes to deliver (the rest are dropped: truncation).
         mlength: usize,
         /// LNet's token for this receive.
@@ -134,7 +103,7 @@ pub enum RecvDisposition {
     /// the reply has been sent.
     Source {
         /// The reply data.
-        frags: Vec<Frag>,
+        frags: Frags,
         /// LNet's token for this receive.
         token: u64,
     },

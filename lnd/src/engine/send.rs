@@ -10,7 +10,7 @@
 
 use lnet_shim::event::Errno;
 use lnet_shim::hdr::LnetMsgType;
-use lnet_shim::lnd::{Frag, Health, LndError, LndSend, frags_len};
+use lnet_shim::lnd::{Frag, Frags, Health, LndError, LndSend, frags_len};
 use lnet_shim::nid::Nid;
 
 use super::conn::ConnState;
@@ -205,7 +205,7 @@ impl<D: Device> Engine<D> {
             upper,
             source: Vec::new(),
             rdma: Vec::new(),
-            pinned: Vec::new(),
+            pinned: Frags::new(),
         });
         self.deadlines.insert((deadline, key, generation));
         Some(key)
@@ -337,7 +337,7 @@ impl<D: Device> Engine<D> {
             t.cookie = cookie;
             t.waiting = true;
             t.source = sges;
-            t.pinned = payload.to_vec();
+            t.pinned = payload.iter().cloned().collect();
             t.status = Ok(len);
         }
         Ok(())
@@ -356,7 +356,7 @@ impl<D: Device> Engine<D> {
         if let Some(t) = self.txs.get_mut(txk) {
             t.cookie = cookie;
             t.waiting = true;
-            t.pinned = sink.to_vec();
+            t.pinned = sink.iter().cloned().collect();
         }
         Ok(())
     }
@@ -366,13 +366,11 @@ impl<D: Device> Engine<D> {
     pub(super) fn queue_for_peer(&mut self, now: Instant, peer: Nid, txk: usize) {
         let q = self.cfg.tunables.peer_credits;
         let p = self.peers.entry(peer).or_insert_with(|| super::peer::Peer::new(peer, q));
-        let established: Vec<usize> = p
-            .conns
-            .iter()
-            .copied()
-            .filter(|&k| self.conns.get(k).is_some_and(|c| c.state == ConnState::Established))
-            .collect();
-        if established.is_empty() {
+        let conns = &self.conns;
+        let up = |k: &usize| conns.get(*k).is_some_and(|c| c.state == ConnState::Established);
+        // Counted, then picked, without a list of them: this runs for every message.
+        let established = p.conns.iter().filter(|k| up(k)).count();
+        if established == 0 {
             p.pending.push_back(txk);
             if let Some(t) = self.txs.get_mut(txk) {
                 t.queued = true;
@@ -384,7 +382,7 @@ impl<D: Device> Engine<D> {
             return;
         }
         p.rr = p.rr.wrapping_add(1);
-        let key = established.get(p.rr % established.len()).copied().unwrap_or_default();
+        let key = p.conns.iter().copied().filter(|k| up(k)).nth(p.rr % established).unwrap_or_default();
         self.queue_on_conn(key, txk);
     }
 

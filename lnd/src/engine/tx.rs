@@ -9,7 +9,7 @@
 //! that has since been reused, or for a connection that has been destroyed, is recognised as
 //! stale and ignored.
 
-use lnet_shim::lnd::{Frag, LndError};
+use lnet_shim::lnd::{Frags, LndError};
 use lnet_shim::nid::Nid;
 
 use crate::credits::TxClass;
@@ -115,7 +115,7 @@ pub(crate) struct Tx {
     /// RDMA WRITEs to post before the SEND.
     pub(crate) rdma: Vec<RdmaWr>,
     /// Buffers the transfer uses, kept alive until the transmit finishes.
-    pub(crate) pinned: Vec<Frag>,
+    pub(crate) pinned: Frags,
 }
 
 impl Tx {

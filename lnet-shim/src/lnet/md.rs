@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{LnetError, State, Work};
 use crate::buffer::Buffer;
 use crate::event::{Errno, Event, EventKind, EventSink};
-use crate::lnd::{Frag, frags_len};
+use crate::lnd::{Frag, Frags, frags_len};
 use crate::matching::{MdHandle, MdOptions, MdSpec, Threshold};
 use crate::nid::Nid;
 
@@ -17,7 +17,7 @@ use crate::nid::Nid;
 #[derive(Clone, Debug)]
 pub struct Md {
     /// The memory, in order; its length is the sum of the fragments'.
-    pub frags: Vec<Frag>,
+    pub frags: Frags,
     /// What incoming operations it accepts and how (for MDs attached to match entries).
     pub options: MdOptions,
     /// How many operations (events other than UNLINK) it takes part in.
@@ -33,9 +33,9 @@ pub struct Md {
 impl Md {
     /// An MD over `frags`: no options, infinite threshold, no `max_size`, `user_ptr` 0, no
     /// events.
-    pub fn new(frags: Vec<Frag>) -> Md {
+    pub fn new(frags: impl Into<Frags>) -> Md {
         Md {
-            frags,
+            frags: frags.into(),
             options: MdOptions::empty(),
             threshold: Threshold::Infinite,
             max_size: None,
@@ -46,7 +46,7 @@ impl Md {
 
     /// An MD over all of one buffer.
     pub fn contiguous(buf: Arc<Buffer>) -> Md {
-        Md::new(vec![Frag::whole(buf)])
+        Md::new(Frag::whole(buf))
     }
 
     /// The same MD with `options`.
@@ -138,7 +138,7 @@ pub(super) struct Held {
 
 /// LNet's record of an MD.
 pub(super) struct MdRecord {
-    pub(super) frags: Vec<Frag>,
+    pub(super) frags: Frags,
     pub(super) length: u64,
     pub(super) options: MdOptions,
     pub(super) user_ptr: u64,
@@ -197,8 +197,8 @@ impl MdRecord {
 }
 
 /// The part of `frags` from byte `offset`, `len` bytes long (shorter if the fragments end).
-pub(super) fn slice_frags(frags: &[Frag], offset: u64, len: u64) -> Vec<Frag> {
-    let mut out = Vec::new();
+pub(super) fn slice_frags(frags: &[Frag], offset: u64, len: u64) -> Frags {
+    let mut out = Frags::new();
     let mut skip = offset;
     let mut left = len;
     for f in frags {

@@ -75,7 +75,7 @@ pub use stats::{DropCounts, LnetStats, MsgCounters, NiStats, NiStatus, PeerStats
 use crate::event::{Errno, Event, EventKind, EventSink};
 use crate::hash::FastMap;
 use crate::hdr::{LnetHdr, WireHandle};
-use crate::lnd::{Frag, Health, Lnd, LndError, LndSend, LndUpcalls};
+use crate::lnd::{Frags, Health, Lnd, LndError, LndSend, LndUpcalls};
 use crate::matching::{DEFAULT_PORTALS, MatchEntry, MatchError, MdHandle, MeHandle, PortalTable, Unlink};
 use crate::nid::{Net, Nid, ProcessId};
 
@@ -265,7 +265,7 @@ struct ReplyTo {
     /// The GET's `return_wmd`.
     wmd: WireHandle,
     /// The data.
-    frags: Vec<Frag>,
+    frags: Frags,
 }
 
 /// What to do once LNet's lock is released.

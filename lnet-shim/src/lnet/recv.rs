@@ -11,7 +11,7 @@ use super::{AckTo, DROP_NAK_MLENGTH, Inner, MsgKind, Phase, ReplyTo, State, Work
 use super::{Msg, ni::CreditState};
 use crate::event::{Errno, EventKind};
 use crate::hdr::{AckMsg, GetMsg, LnetHdr, LnetMsg, PutMsg, ReplyMsg};
-use crate::lnd::{LndError, LndUpcalls, RecvDisposition, SendStatus};
+use crate::lnd::{Frags, LndError, LndUpcalls, RecvDisposition, SendStatus};
 use crate::matching::{DropReason, MatchResult, MdOptions};
 use crate::nid::Nid;
 
@@ -297,7 +297,7 @@ impl State {
         t.mlength = mlength;
         let frags = match self.mds.get(&id) {
             Some(rec) => slice_frags(&rec.frags, 0, mlength),
-            None => Vec::new(),
+            None => Frags::new(),
         };
         self.accepted(ni, from);
         // The response's reference moves to the receive.

@@ -6,7 +6,7 @@ use super::ni::CreditState;
 use super::{AckReq, AckTo, LnetError, Msg, MsgKind, Outgoing, ReplyTo, State, Work, event_template};
 use crate::event::{Errno, EventKind};
 use crate::hdr::{AckMsg, GetMsg, LnetHdr, LnetMsg, LnetMsgType, PutMsg, ReplyMsg, WireHandle};
-use crate::lnd::{Health, LndError, LndSend, SendStatus, frags_len};
+use crate::lnd::{Frags, Health, LndError, LndSend, SendStatus, frags_len};
 use crate::matching::MdHandle;
 use crate::nid::ProcessId;
 
@@ -134,7 +134,7 @@ impl State {
             0,
             &hdr,
         );
-        let send = LndSend { target: target.nid, hdr, payload: Vec::new(), get_sink: Some(sink), token: 0 };
+        let send = LndSend { target: target.nid, hdr, payload: Frags::new(), get_sink: Some(sink), token: 0 };
         let token = self.launch(ni, send, MsgKind::Get { md: id, template }, work);
         if let Some(rec) = self.mds.get_mut(&id) {
             let mut t = template;
@@ -161,7 +161,7 @@ impl State {
             payload_length: 0,
             msg: LnetMsg::Ack(AckMsg { dst_wmd: ack.wmd, match_bits: ack.match_bits, mlength: ack.mlength }),
         };
-        let send = LndSend { target: ack.to.nid, hdr, payload: Vec::new(), get_sink: None, token: 0 };
+        let send = LndSend { target: ack.to.nid, hdr, payload: Frags::new(), get_sink: None, token: 0 };
         self.launch(ni, send, MsgKind::Ack, work);
     }
 

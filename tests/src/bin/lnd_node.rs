@@ -32,7 +32,7 @@ use lnd::fabric::soft::{CopyHelper, DirFaults, FaultConfig, SoftConfig, Streamin
 use lnd::tunables::Tunables;
 use lnet_shim::buffer::Buffer;
 use lnet_shim::hdr::{GetMsg, LnetHdr, LnetMsg, PutMsg, WireHandle};
-use lnet_shim::lnd::{Frag, Lnd, LndError, LndSend, LndUpcalls, RecvDisposition, SendStatus};
+use lnet_shim::lnd::{Frag, Frags, Lnd, LndError, LndSend, LndUpcalls, RecvDisposition, SendStatus};
 use lnet_shim::nid::{Nid, ProcessId};
 
 /// Word `i` of the pattern named by `tag`.
@@ -72,12 +72,12 @@ impl LndUpcalls for Upcalls {
                 let len = hdr.payload_length as usize;
                 let buf = Arc::new(Buffer::new(len));
                 self.sinks.lock().unwrap().insert(p.match_bits, (buf.clone(), len));
-                RecvDisposition::Sink { frags: vec![Frag::whole(buf)], mlength: len, token: p.match_bits }
+                RecvDisposition::Sink { frags: Frag::whole(buf).into(), mlength: len, token: p.match_bits }
             }
             LnetMsg::Get(g) => {
                 let len = g.sink_length as usize;
                 let buf = Arc::new(Buffer::from_slice(&pattern(g.match_bits, len)));
-                RecvDisposition::Source { frags: vec![Frag::whole(buf)], token: g.match_bits | 1 << 63 }
+                RecvDisposition::Source { frags: Frag::whole(buf).into(), token: g.match_bits | 1 << 63 }
             }
             _ => RecvDisposition::Drop,
         }
@@ -349,7 +349,7 @@ fn put_msg(src: ProcessId, dst: ProcessId, to: Nid, tag: u64, size: usize) -> Ln
         }),
     };
     let data = Arc::new(Buffer::from_slice(&pattern(tag, size)));
-    LndSend { target: to, hdr, payload: vec![Frag::whole(data)], get_sink: None, token: tag }
+    LndSend { target: to, hdr, payload: Frag::whole(data).into(), get_sink: None, token: tag }
 }
 
 fn drive(a: &Args) -> Result<(), String> {
@@ -389,8 +389,8 @@ fn drive(a: &Args) -> Result<(), String> {
                 LndSend {
                     target: to,
                     hdr,
-                    payload: vec![],
-                    get_sink: Some(vec![Frag::whole(sink)]),
+                    payload: Frags::new(),
+                    get_sink: Some(Frag::whole(sink).into()),
                     token: tag,
                 }
             } else {

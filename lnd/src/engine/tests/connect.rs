@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lnet_shim::buffer::Buffer;
 use lnet_shim::event::Errno;
-use lnet_shim::lnd::{Frag, Health, LndSend, PeerState};
+use lnet_shim::lnd::{Frag, Frags, Health, LndSend, PeerState};
 
 use super::*;
 use crate::fabric::soft::{DirFaults, FaultConfig, SoftConfig, SoftLimits};
@@ -104,7 +104,8 @@ fn rdma_frags_reject_is_retried_and_too_many_fragments_is_emsgsize() {
     let sink = Arc::new(Buffer::new(len));
     sim.nodes[1].lnet.post_sink(2, vec![Frag::whole(sink)], len);
     let (a, b) = (nid(0), nid(1));
-    let msg = LndSend { target: b, hdr: put_hdr(a, b, 2, len), payload: frags, get_sink: None, token: 2 };
+    let msg =
+        LndSend { target: b, hdr: put_hdr(a, b, 2, len), payload: frags.into(), get_sink: None, token: 2 };
     sim.nodes[0].engine.send(sim.now, msg).unwrap();
     let r = sim.wait_send(0, 2, 100_000);
     assert_eq!(r.unwrap_err().errno, Errno::EMSGSIZE, "seed {s}: the caller gets EMSGSIZE");
@@ -194,8 +195,8 @@ fn transfers_in_flight_to_a_crashed_peer_fail_exactly_once_then_a_restart_works(
         let get = LndSend {
             target: b,
             hdr: get_hdr(a, b, tag, len),
-            payload: vec![],
-            get_sink: Some(vec![Frag::whole(dst)]),
+            payload: Frags::new(),
+            get_sink: Some(Frag::whole(dst).into()),
             token: tag,
         };
         sim.nodes[0].engine.send(sim.now, get).unwrap();
@@ -259,7 +260,7 @@ fn no_host_at_all_fails_after_the_connect_timeout() {
     let msg = LndSend {
         target: b,
         hdr: put_hdr(a, b, 1, 10),
-        payload: vec![Frag::whole(filled(1, 10))],
+        payload: Frag::whole(filled(1, 10)).into(),
         get_sink: None,
         token: 1,
     };
@@ -354,8 +355,13 @@ fn regression_zero_length_get_is_one_empty_fragment() {
     let mut sim = Sim::new(s, 2, &tunables(), FaultConfig::NONE);
     sim.nodes[1].lnet.post_source(3, vec![]);
     let (a, b) = (nid(0), nid(1));
-    let get =
-        LndSend { target: b, hdr: get_hdr(a, b, 3, 0), payload: vec![], get_sink: Some(vec![]), token: 3 };
+    let get = LndSend {
+        target: b,
+        hdr: get_hdr(a, b, 3, 0),
+        payload: Frags::new(),
+        get_sink: Some(Frags::new()),
+        token: 3,
+    };
     sim.nodes[0].engine.send(sim.now, get).unwrap();
     assert_eq!(
         sim.wait_send(0, 3, 100_000),

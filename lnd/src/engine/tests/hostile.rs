@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use lnet_shim::buffer::Buffer;
 use lnet_shim::event::Errno;
-use lnet_shim::lnd::Frag;
+use lnet_shim::lnd::{Frag, Frags};
 
 use super::*;
 use crate::fabric::soft::packet::{self, IcrcMeta, Opcode, ROCEV2_UDP_PORT};
@@ -138,7 +138,7 @@ fn immediate_case(s: u64, rule: Rule) -> Sim {
     let msg = lnet_shim::lnd::LndSend {
         target: b,
         hdr: put_hdr(a, b, 1, 500),
-        payload: vec![Frag::whole(filled(1, 500))],
+        payload: Frag::whole(filled(1, 500)).into(),
         get_sink: None,
         token: 1,
     };
@@ -278,8 +278,8 @@ fn a_get_done_claiming_more_than_the_sink_fails_the_get_with_eproto() {
     let get = lnet_shim::lnd::LndSend {
         target: b,
         hdr: get_hdr(a, b, 3, 1000),
-        payload: vec![],
-        get_sink: Some(vec![Frag::whole(sink.clone())]),
+        payload: Frags::new(),
+        get_sink: Some(Frag::whole(sink.clone()).into()),
         token: 3,
     };
     sim.nodes[0].engine.send(sim.now, get).unwrap();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lnet_shim::buffer::Buffer;
 use lnet_shim::hdr::{GetMsg, LnetHdr, LnetMsg, PutMsg, WireHandle};
-use lnet_shim::lnd::{Frag, LndError, LndSend, LndUpcalls, RecvDisposition, SendStatus};
+use lnet_shim::lnd::{Frag, Frags, LndError, LndSend, LndUpcalls, RecvDisposition, SendStatus};
 use lnet_shim::nid::{Nid, ProcessId};
 
 use super::{Engine, EngineConfig};
@@ -62,7 +62,7 @@ impl LndUpcalls for TestLnet {
         match hdr.msg {
             LnetMsg::Put(p) => match inner.sinks.remove(&p.match_bits) {
                 Some((frags, cap)) => RecvDisposition::Sink {
-                    frags,
+                    frags: frags.into(),
                     mlength: (hdr.payload_length as usize).min(cap),
                     token: p.match_bits,
                 },
@@ -72,7 +72,7 @@ impl LndUpcalls for TestLnet {
                 }
             },
             LnetMsg::Get(g) => match inner.sources.remove(&g.match_bits) {
-                Some(frags) => RecvDisposition::Source { frags, token: g.match_bits },
+                Some(frags) => RecvDisposition::Source { frags: frags.into(), token: g.match_bits },
                 None => {
                     inner.dropped += 1;
                     RecvDisposition::Drop
@@ -284,7 +284,7 @@ impl Sim {
         let msg = LndSend {
             target: to,
             hdr: put_hdr(from, to, tag, len),
-            payload: vec![Frag::whole(filled(tag, len))],
+            payload: Frag::whole(filled(tag, len)).into(),
             get_sink: None,
             token: tag,
         };
@@ -381,7 +381,7 @@ fn two_engines_connect_and_exchange_an_immediate_put() {
     let msg = LndSend {
         target: b,
         hdr: put_hdr(a, b, 7, 100),
-        payload: vec![Frag::whole(data)],
+        payload: Frag::whole(data).into(),
         get_sink: None,
         token: 1,
     };
@@ -415,7 +415,7 @@ fn put_and_get_by_rdma_write() {
     let msg = LndSend {
         target: b,
         hdr: put_hdr(a, b, 9, len),
-        payload: vec![Frag::whole(filled(9, len))],
+        payload: Frag::whole(filled(9, len)).into(),
         get_sink: None,
         token: 1,
     };
@@ -426,8 +426,8 @@ fn put_and_get_by_rdma_write() {
     let get = LndSend {
         target: b,
         hdr: get_hdr(a, b, 11, len),
-        payload: vec![],
-        get_sink: Some(vec![Frag::whole(dst.clone())]),
+        payload: Frags::new(),
+        get_sink: Some(Frag::whole(dst.clone()).into()),
         token: 2,
     };
     sim.nodes[0].engine.send(sim.now, get).unwrap();
@@ -597,8 +597,8 @@ impl Workload {
                 let msg = LndSend {
                     target: to,
                     hdr: get_hdr(from, to, tag, len),
-                    payload: vec![],
-                    get_sink: Some(sink_frags),
+                    payload: Frags::new(),
+                    get_sink: Some(sink_frags.into()),
                     token: tag,
                 };
                 (a, msg)
@@ -607,7 +607,7 @@ impl Workload {
                 let msg = LndSend {
                     target: to,
                     hdr: put_hdr(from, to, tag, len),
-                    payload: src_frags,
+                    payload: src_frags.into(),
                     get_sink: None,
                     token: tag,
                 };
@@ -813,7 +813,7 @@ fn a_send_acknowledged_just_before_the_peer_disconnects_completes_as_sent() {
         let msg = LndSend {
             target: b,
             hdr: put_hdr(a, b, 2, 16),
-            payload: vec![Frag::whole(filled(2, 16))],
+            payload: Frag::whole(filled(2, 16)).into(),
             get_sink: None,
             token: 2,
         };

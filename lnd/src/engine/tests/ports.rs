@@ -115,7 +115,8 @@ fn rdma_writes_use_no_more_sges_than_the_qp_has() {
     let sink = Arc::new(Buffer::new(len));
     sim.nodes[1].lnet.post_sink(7, vec![Frag::whole(sink.clone())], len);
     let (a, b) = (nid(0), nid(1));
-    let msg = LndSend { target: b, hdr: put_hdr(a, b, 7, len), payload: frags, get_sink: None, token: 7 };
+    let msg =
+        LndSend { target: b, hdr: put_hdr(a, b, 7, len), payload: frags.into(), get_sink: None, token: 7 };
     sim.nodes[0].engine.send(sim.now, msg).unwrap();
     assert!(sim.wait_send(0, 7, 200_000).is_ok(), "seed {s}");
     assert_eq!(sink.to_vec(0, len).unwrap(), data.to_vec(0, len).unwrap(), "seed {s}");
