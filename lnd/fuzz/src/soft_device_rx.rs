@@ -4,7 +4,8 @@
 //! Two devices, A (10.0.0.1) and B (10.0.0.2), sit on a [`SimNet`] with a live, connected RC
 //! QP pair (as `lnd/src/fabric/soft/tests.rs` sets one up). Each device's wire is wrapped in a
 //! [`TapWire`] through which the input injects datagrams, as if from the peer or from a
-//! stranger, raw or with the ICRC recomputed so they get past the CRC check, optionally aimed at
+//! stranger, raw, with the ICRC recomputed so they get past the CRC check, or (from the peer)
+//! unsealed, as through a same-host ring, so that no ICRC is checked; optionally aimed at
 //! the live QP, its expected PSN and its registered memory, optionally coalesced as a GRO batch.
 //! Between injections the input drives real traffic (SENDs, RDMA WRITEs, receives) and time.
 //!
@@ -61,7 +62,10 @@ pub mod ctl {
     pub const AIM_PSN: u8 = 1 << 3;
     /// Point a RETH at the receiver's region: its rkey and an offset (next u16) around it.
     pub const AIM_MEMORY: u8 = 1 << 4;
-    /// Recompute the ICRC after patching (else the frame's ICRC is kept, usually wrong).
+    /// Recompute the ICRC after patching (else the frame's ICRC is kept, usually wrong). A
+    /// single frame from the peer without it is delivered *unsealed*, as from a same-host ring
+    /// (`Received::sealed` false): decoded without the ICRC check, so every mutation reaches
+    /// the parser and the RC transport.
     pub const RESEAL: u8 = 1 << 5;
     /// Deliver the frame twice, coalesced as one GRO batch.
     pub const GRO: u8 = 1 << 6;
@@ -99,6 +103,7 @@ struct Injected {
     src: Ipv4Addr,
     bytes: Vec<u8>,
     seg: usize,
+    sealed: bool,
 }
 
 /// A wire that delivers injected datagrams before the simulated network's.
@@ -128,7 +133,13 @@ impl Wire for TapWire {
                 let len = f.bytes.len().min(buf.len());
                 buf[..len].copy_from_slice(&f.bytes[..len]);
                 let seg = if f.seg < len { f.seg } else { 0 };
-                Ok(Some(Received { src: f.src, src_port: ROCEV2_UDP_PORT, len, seg }))
+                Ok(Some(Received {
+                    src: f.src,
+                    src_port: ROCEV2_UDP_PORT,
+                    len,
+                    seg,
+                    sealed: f.sealed || seg > 0,
+                }))
             }
             None => self.inner.recv(now, buf),
         }
@@ -386,7 +397,8 @@ impl Pair {
         } else {
             (frame, 0)
         };
-        n.tap.lock().unwrap().push_back(Injected { src, bytes, seg });
+        let sealed = flags & ctl::RESEAL != 0 || flags & ctl::FROM_PEER == 0 || seg > 0;
+        n.tap.lock().unwrap().push_back(Injected { src, bytes, seg, sealed });
     }
 
     /// Runs one operation from the input.
