@@ -8,7 +8,7 @@
 //! into place (readers never see half an entry) and removed when the device is dropped:
 //!
 //! ```text
-//! lnd-soft-registry 1
+//! lnd-soft-registry 2
 //! pid 4242
 //! boot 0b6a...-...
 //! start 123456
@@ -22,7 +22,9 @@
 //! An entry is believed only if its boot id is this boot's
 //! (`/proc/sys/kernel/random/boot_id`) and the process with that pid has that start time
 //! (`/proc/<pid>/stat` field 22), so entries left behind by a crash or a reboot, and reused
-//! pids, are ignored. Lookups are for loopback ports only.
+//! pids, are ignored. Lookups are for loopback ports only. The first line carries the version
+//! of the same-host protocol: entries of other versions are ignored (and never swept), so two
+//! processes of different versions use the wire path between them.
 
 use std::fs;
 use std::io::{self, Write};
@@ -34,7 +36,11 @@ use lnet_shim::arena::ArenaInfo;
 
 use super::place::LocalPeer;
 
-const MAGIC: &str = "lnd-soft-registry 1";
+/// The first line of an entry: also the version of the same-host protocol (frame rings and
+/// their record flags, placement requests). A process believes only entries of its own
+/// version, so processes of two versions talk over UDP, which every version speaks.
+/// 2: ring records may carry unsealed frames ([`super::ring`]).
+const MAGIC: &str = "lnd-soft-registry 2";
 
 /// A published entry; dropping it removes the file.
 #[derive(Debug)]
@@ -182,7 +188,7 @@ mod tests {
 
     #[test]
     fn entries_of_other_boots_dead_or_reused_pids_are_ignored() {
-        let text = "lnd-soft-registry 1\npid 42\nboot b1\nstart 7\nnonce 00000000000000ff\n";
+        let text = "lnd-soft-registry 2\npid 42\nboot b1\nstart 7\nnonce 00000000000000ff\n";
         let alive = |pid: &str| (pid == "42").then_some(7);
         assert_eq!(parse(text, "b1", alive), Some(LocalPeer { pid: 42, nonce: 0xff, arena: None }));
         let with = format!("{text}arena 5 7f0000001000 400000000\n");
@@ -197,6 +203,8 @@ mod tests {
             );
         }
         assert_eq!(parse(text, "b2", alive), None, "another boot");
+        let older = text.replace("registry 2", "registry 1");
+        assert_eq!(parse(&older, "b1", alive), None, "another version of the same-host protocol");
         assert_eq!(parse(text, "b1", |_| None), None, "dead");
         assert_eq!(parse(text, "b1", |_| Some(8)), None, "pid reused");
         assert_eq!(parse(&text.replace("pid 42", "pid 0"), "b1", |_| Some(7)), None);

@@ -11,7 +11,7 @@
 //! Layout (little-endian, 64-byte lines, then the data):
 //!
 //! ```text
-//!   0  magic "LNDRING2"   8  nonce (the sender's, per ring)   16  capacity (bytes, 2^k)
+//!   0  magic "LNDRING3"   8  nonce (the sender's, per ring)   16  capacity (bytes, 2^k)
 //!  64  tail: bytes written (producer; for the producer and for inspection)
 //! 128  head: bytes consumed (consumer)
 //! 192  sleeping: 1 while the consumer may sleep (consumer)   196  rung (producer/consumer)
@@ -59,7 +59,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
-const MAGIC: u64 = u64::from_le_bytes(*b"LNDRING2");
+const MAGIC: u64 = u64::from_le_bytes(*b"LNDRING3");
 /// The doorbell datagram's first 8 bytes; the ring's nonce follows.
 pub(crate) const DOORBELL_MAGIC: [u8; 8] = *b"LNDBELL1";
 /// Bytes of a doorbell datagram.
