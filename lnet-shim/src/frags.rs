@@ -41,6 +41,25 @@ pub fn frags_len(frags: &[Frag]) -> Option<usize> {
     frags.iter().try_fold(0usize, |acc, f| acc.checked_add(f.len))
 }
 
+/// Copies `data` into `frags`, in order, from each fragment's start: the bytes written, or
+/// `None` (nothing written) if the fragments hold fewer than `data.len()` bytes or one of them
+/// lies outside its buffer.
+pub fn copy_to_frags(frags: &[Frag], data: &[u8]) -> Option<usize> {
+    if frags_len(frags).is_none_or(|n| n < data.len()) || !frags.iter().all(Frag::is_valid) {
+        return None;
+    }
+    let mut at = 0;
+    for f in frags {
+        if at == data.len() {
+            break;
+        }
+        let n = f.len.min(data.len() - at);
+        f.buf.write(f.offset, data.get(at..at + n)?).ok()?;
+        at += n;
+    }
+    Some(at)
+}
+
 /// A list of fragments, in order; one fragment is held inline (see the module doc).
 #[derive(Clone, Default)]
 pub struct Frags(Repr);
@@ -225,6 +244,19 @@ mod tests {
         let owned: Vec<usize> = l.clone().into_iter().map(|f| f.offset).collect();
         assert_eq!(owned, [0, 1, 2, 3]);
         assert_eq!(offsets(&l.into_vec()), [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_copy_fills_the_fragments_in_order_or_writes_nothing() {
+        let (x, y) = (Arc::new(Buffer::new(8)), Arc::new(Buffer::new(8)));
+        let frags = [Frag { buf: x.clone(), offset: 6, len: 2 }, Frag { buf: y.clone(), offset: 1, len: 5 }];
+        assert_eq!(copy_to_frags(&frags, b"abcd"), Some(4));
+        assert_eq!((x.to_vec(6, 2).unwrap(), y.to_vec(1, 2).unwrap()), (b"ab".to_vec(), b"cd".to_vec()));
+        assert_eq!(copy_to_frags(&frags, b""), Some(0));
+        assert_eq!(copy_to_frags(&frags, b"12345678"), None, "7 bytes of room");
+        let outside = [Frag { buf: x.clone(), offset: 7, len: 2 }];
+        assert_eq!(copy_to_frags(&outside, b"z"), None, "a fragment past its buffer's end");
+        assert_eq!(x.to_vec(6, 2).unwrap(), b"ab", "nothing written");
     }
 
     #[test]

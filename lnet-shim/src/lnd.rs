@@ -11,13 +11,15 @@
 //!   and answers at once with a [`RecvDisposition`]: drop it, a sink for its payload (PUT,
 //!   IMMEDIATE), or the source of the reply data (a GET). The LND then moves the bytes (copy for
 //!   IMMEDIATE, RDMA for PUT/GET) and reports the end of that receive with
-//!   [`LndUpcalls::recv_done`], again exactly once.
+//!   [`LndUpcalls::recv_done`], again exactly once. For an IMMEDIATE message, whose payload
+//!   is in hand, [`LndUpcalls::recv_immediate`] does all three in one call (LNet: under one
+//!   lock), as the kernel's `lnet_parse` calls the LND's `lnd_recv` before it returns.
 //!
 //! Upcalls run on the LND's scheduler threads: they must not block. They may call
 //! [`Lnd::send`] (to send an ACK or a REPLY), which only queues.
 
 use crate::event::Errno;
-pub use crate::frags::{Frag, Frags, frags_len};
+pub use crate::frags::{Frag, Frags, copy_to_frags, frags_len};
 use crate::hdr::LnetHdr;
 use crate::nid::Nid;
 
@@ -119,8 +121,31 @@ pub trait LndUpcalls: Send + Sync {
     /// for a `Source`), or why not. Called exactly once per accepted receive.
     fn recv_done(&self, token: u64, result: Result<usize, LndError>);
 
+    /// An IMMEDIATE message from `from` (its payload in hand, `payload`): what the kernel's
+    /// `lnet_parse` does for one, with `lnd_recv` and `lnet_finalize` inside it. The default
+    /// makes the three steps of that protocol: [`LndUpcalls::recv`], the copy of the first
+    /// `mlength` payload bytes into the sink, [`LndUpcalls::recv_done`] (`Ok(0)` for a GET,
+    /// which needs no sink: LNet answers it with a REPLY; `EINVAL` if the sink cannot hold
+    /// the bytes). LNet does them in one pass.
+    fn recv_immediate(&self, from: Nid, hdr: &LnetHdr, payload: &[u8]) {
+        match self.recv(from, hdr, false) {
+            RecvDisposition::Drop => {}
+            RecvDisposition::Sink { frags, mlength, token } => {
+                self.recv_done(token, deliver_immediate(&frags, mlength, payload));
+            }
+            RecvDisposition::Source { token, .. } => self.recv_done(token, Ok(0)),
+        }
+    }
+
     /// A send finished. Called exactly once per send that `Lnd::send` accepted.
     fn send_done(&self, token: u64, result: Result<SendStatus, LndError>);
+}
+
+/// An IMMEDIATE message's payload into the sink LNet gave for it: its first `mlength` bytes
+/// (what [`LndUpcalls::recv_immediate`] reports through `recv_done`).
+pub fn deliver_immediate(frags: &[Frag], mlength: usize, payload: &[u8]) -> Result<usize, LndError> {
+    let data = payload.get(..mlength.min(payload.len())).unwrap_or_default();
+    copy_to_frags(frags, data).ok_or(LndError::new(Errno::EINVAL, Health::LocalError))
 }
 
 /// Connection state of a peer, as reported by [`Lnd::peers`].
@@ -177,4 +202,73 @@ pub trait Lnd: Send + Sync {
     /// Stops the driver: every pending send and receive completes with an error, connections
     /// are closed. Idempotent.
     fn shutdown(&self);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::buffer::Buffer;
+    use crate::hdr::{LnetMsg, PutMsg, WireHandle};
+    use crate::nid::ProcessId;
+
+    /// Answers every `recv` with `answer` and records what `recv_done` was told.
+    struct Fixed {
+        answer: Mutex<Option<RecvDisposition>>,
+        done: Mutex<Vec<(u64, Result<usize, LndError>)>>,
+    }
+
+    impl LndUpcalls for Fixed {
+        fn recv(&self, _: Nid, _: &LnetHdr, rdma: bool) -> RecvDisposition {
+            assert!(!rdma, "an IMMEDIATE is not an RDMA receive");
+            self.answer.lock().unwrap().take().unwrap_or(RecvDisposition::Drop)
+        }
+        fn recv_done(&self, token: u64, result: Result<usize, LndError>) {
+            self.done.lock().unwrap().push((token, result));
+        }
+        fn send_done(&self, _: u64, _: Result<SendStatus, LndError>) {}
+    }
+
+    fn run(answer: RecvDisposition, payload: &[u8]) -> Vec<(u64, Result<usize, LndError>)> {
+        let nid: Nid = "10.0.0.1@o2ib".parse().unwrap();
+        let hdr = LnetHdr {
+            dest: ProcessId::new(nid, ProcessId::PID_LUSTRE),
+            src: ProcessId::new(nid, ProcessId::PID_LUSTRE),
+            payload_length: payload.len() as u32,
+            msg: LnetMsg::Put(PutMsg {
+                ack_wmd: WireHandle::NONE,
+                match_bits: 0,
+                hdr_data: 0,
+                ptl_index: 4,
+                offset: 0,
+            }),
+        };
+        let up = Fixed { answer: Mutex::new(Some(answer)), done: Mutex::new(Vec::new()) };
+        up.recv_immediate(nid, &hdr, payload);
+        up.done.into_inner().unwrap()
+    }
+
+    #[test]
+    fn the_default_recv_immediate_matches_copies_mlength_bytes_and_finishes_once() {
+        let sink = Arc::new(Buffer::new(8));
+        let frags = Frags::from(Frag::whole(sink.clone()));
+        // Truncated to mlength: 3 of the 5 bytes.
+        assert_eq!(
+            run(RecvDisposition::Sink { frags: frags.clone(), mlength: 3, token: 7 }, b"hello"),
+            [(7, Ok(3))]
+        );
+        assert_eq!(sink.to_vec(0, 4).unwrap(), b"hel\0");
+        // A sink too small for mlength: EINVAL, nothing written.
+        let small = Frags::from(Frag { buf: sink.clone(), offset: 6, len: 2 });
+        let einval = Err(LndError::new(Errno::EINVAL, Health::LocalError));
+        assert_eq!(
+            run(RecvDisposition::Sink { frags: small, mlength: 5, token: 8 }, b"world"),
+            [(8, einval)]
+        );
+        assert_eq!(sink.to_vec(6, 2).unwrap(), b"\0\0");
+        // A GET's source (LNet replies itself), and a drop (no recv_done at all).
+        assert_eq!(run(RecvDisposition::Source { frags, token: 9 }, b""), [(9, Ok(0))]);
+        assert_eq!(run(RecvDisposition::Drop, b"x"), []);
+    }
 }

@@ -18,7 +18,7 @@
 
 use lnet_shim::event::Errno;
 use lnet_shim::hdr::LnetHdr;
-use lnet_shim::lnd::{Frag, Health, LndError, RecvDisposition, frags_len};
+use lnet_shim::lnd::{Health, LndError, RecvDisposition, frags_len};
 
 use super::send::{RdmaSetupError, plan_rdma};
 use super::tx::Upper;
@@ -110,18 +110,9 @@ impl<D: Device> Engine<D> {
             MsgBody::Noop => After::Repost(RxRepost::NoCredit),
             MsgBody::Immediate(m) => {
                 let Ok(hdr) = LnetHdr::decode(m.lnet_hdr) else { return self.close_for(now, key, proto()) };
-                match self.upcalls.recv(peer, &hdr, false) {
-                    RecvDisposition::Drop => {}
-                    RecvDisposition::Sink { frags, mlength, token } => {
-                        let n = mlength.min(m.payload.len());
-                        let r = copy_into(&frags, m.payload.get(..n).unwrap_or_default());
-                        self.upcalls.recv_done(token, r.map_err(|()| err(Errno::EINVAL, Health::LocalError)));
-                    }
-                    RecvDisposition::Source { token, .. } => {
-                        // A GET that travelled as IMMEDIATE has no RDMA sink; LNet replies itself.
-                        self.upcalls.recv_done(token, Ok(0));
-                    }
-                }
+                // Matched, copied into its sink and finished in one call (a GET that travelled
+                // as IMMEDIATE has no RDMA sink: LNet replies itself).
+                self.upcalls.recv_immediate(peer, &hdr, m.payload);
                 After::Repost(RxRepost::PeerCredit)
             }
             MsgBody::PutReq(m) => {
@@ -405,22 +396,4 @@ impl<D: Device> Engine<D> {
     fn max_frags_of(&self, key: usize) -> usize {
         self.conns.get(key).map_or(crate::wire::IBLND_MAX_RDMA_FRAGS, |c| usize::from(c.max_frags))
     }
-}
-
-/// Copies `data` into the fragments, in order.
-fn copy_into(frags: &[Frag], data: &[u8]) -> Result<usize, ()> {
-    if frags_len(frags).is_none_or(|n| n < data.len()) {
-        return Err(());
-    }
-    let mut at = 0;
-    for f in frags {
-        if at == data.len() {
-            break;
-        }
-        let n = f.len.min(data.len() - at);
-        let piece = data.get(at..at + n).ok_or(())?;
-        f.buf.write(f.offset, piece).map_err(|_| ())?;
-        at += n;
-    }
-    Ok(at)
 }

@@ -11,7 +11,7 @@ use super::{AckTo, DROP_NAK_MLENGTH, Inner, MsgKind, Phase, ReplyTo, State, Work
 use super::{Msg, ni::CreditState};
 use crate::event::{Errno, EventKind};
 use crate::hdr::{AckMsg, GetMsg, LnetHdr, LnetMsg, PutMsg, ReplyMsg};
-use crate::lnd::{Frags, LndError, LndUpcalls, RecvDisposition, SendStatus};
+use crate::lnd::{Frags, LndError, LndUpcalls, RecvDisposition, SendStatus, deliver_immediate};
 use crate::matching::{DropReason, MatchResult, MdOptions};
 use crate::nid::Nid;
 
@@ -45,6 +45,19 @@ impl LndUpcalls for NiUpcalls {
     fn send_done(&self, token: u64, result: Result<SendStatus, LndError>) {
         if let Some(inner) = self.lnet.upgrade() {
             inner.run(|st, work| st.send_done(token, result, work));
+        }
+    }
+
+    /// The default's three steps under one lock: the copy is at most an IMMEDIATE's payload.
+    fn recv_immediate(&self, from: Nid, hdr: &LnetHdr, payload: &[u8]) {
+        if let Some(inner) = self.lnet.upgrade() {
+            inner.run(|st, work| match st.recv(self.ni, from, hdr, false, work) {
+                RecvDisposition::Drop => {}
+                RecvDisposition::Sink { frags, mlength, token } => {
+                    st.recv_done(token, deliver_immediate(&frags, mlength, payload), work);
+                }
+                RecvDisposition::Source { token, .. } => st.recv_done(token, Ok(0), work),
+            });
         }
     }
 }
