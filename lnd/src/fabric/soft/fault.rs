@@ -301,8 +301,7 @@ impl Wire for FaultyWire {
             return self.inner.send_unsealed(now, dst, frames, seg);
         }
         // Faults apply to frames as on a link: sealed, so that a corrupted one is caught.
-        super::wire::seal_all(self.inner.local_ip(), dst, self.inner.udp_port(), frames, seg);
-        self.send_segments(now, dst, frames, seg)
+        super::wire::seal_and_send(self, now, dst, frames, seg)
     }
 
     fn recv(&mut self, now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>> {

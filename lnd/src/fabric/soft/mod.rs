@@ -867,10 +867,9 @@ impl DevState {
                     let Some(slot) = batch.buf.get_mut(start..start + MAX_FRAME) else { break };
                     let Some(tx) = e.rc.poll_transmit(now, mrs, slot, stats) else { break };
                     let unsealed = *unsealed.get_or_insert_with(|| wire.immediate_route(tx.dst));
-                    let meta = IcrcMeta::new(local, tx.dst, udp_port, udp_port);
                     let closed = batch.buf.get_mut(start..start + tx.len).map(|f| match unsealed {
                         true => packet::seal_without_icrc(f),
-                        false => packet::seal(&meta, f),
+                        false => packet::seal(&IcrcMeta::new(local, tx.dst, udp_port, udp_port), f),
                     });
                     if closed.is_none_or(|r| r.is_err()) {
                         stats.malformed += 1;

@@ -46,8 +46,7 @@ pub trait Wire: Send {
         frames: &mut [u8],
         seg: usize,
     ) -> io::Result<()> {
-        seal_all(self.local_ip(), dst, self.udp_port(), frames, seg);
-        self.send_segments(now, dst, frames, seg)
+        seal_and_send(self, now, dst, frames, seg)
     }
     /// Receives into `buf`: one frame, or (with [`Received::seg`] non-zero) several
     /// coalesced frames of `seg` bytes each, the last possibly shorter. `Ok(None)` when nothing
@@ -142,13 +141,22 @@ impl Received {
 }
 
 /// Computes the ICRC of each of the frames of `seg` bytes (the last possibly shorter) in
-/// `frames`, sent from `local` to `dst` (both on `udp_port`). A frame too malformed to seal
-/// is left as it is; its receiver drops it.
-pub(crate) fn seal_all(local: Ipv4Addr, dst: Ipv4Addr, udp_port: u16, frames: &mut [u8], seg: usize) {
-    let meta = super::packet::IcrcMeta::new(local, dst, udp_port, udp_port);
+/// `frames`, from `wire` to `dst`, and sends them as [`Wire::send_segments`]: how a wire sends
+/// unsealed frames it cannot carry unsealed. A frame too malformed to seal is sent as it is;
+/// its receiver drops it.
+pub(crate) fn seal_and_send<W: Wire + ?Sized>(
+    wire: &mut W,
+    now: Instant,
+    dst: Ipv4Addr,
+    frames: &mut [u8],
+    seg: usize,
+) -> io::Result<()> {
+    let port = wire.udp_port();
+    let meta = super::packet::IcrcMeta::new(wire.local_ip(), dst, port, port);
     for frame in frames.chunks_mut(seg.max(1)) {
         let _ = super::packet::seal(&meta, frame);
     }
+    wire.send_segments(now, dst, frames, seg)
 }
 
 /// A real UDP socket bound to one IPv4 address.
@@ -504,9 +512,7 @@ impl Wire for UdpWire {
             let frame = frames.get(at..end).unwrap_or_default();
             if self.push_ring(now, dst, frame, false).is_none() {
                 // The ring went away since the caller looked: the rest go sealed, by UDP.
-                let rest = frames.get_mut(at..).unwrap_or_default();
-                seal_all(self.ip, dst, self.port, rest, seg);
-                return self.send_segments(now, dst, rest, seg);
+                return seal_and_send(self, now, dst, frames.get_mut(at..).unwrap_or_default(), seg);
             }
             at = end;
         }
@@ -639,18 +645,23 @@ mod tests {
         None
     }
 
+    /// Three ports on `127.0.<net>.1..=3` sharing a port number derived from `base` and the
+    /// pid: the first two publish (the same-host path on, nonces `nonce` and `nonce + 1`),
+    /// the third does not.
+    fn three_ports(net: u8, base: u16, nonce: u64) -> (u16, [Ipv4Addr; 3], [UdpWire; 3]) {
+        let port = base + (std::process::id() % 5000) as u16;
+        let ips = [1, 2, 3].map(|h| Ipv4Addr::new(127, 0, net, h));
+        let mut w = ips.map(|ip| UdpWire::bind(ip, port).unwrap());
+        w[0].publish(nonce).unwrap();
+        w[1].publish(nonce + 1).unwrap();
+        (port, ips, w)
+    }
+
     /// Two same-host ports with the path on: frames go through the ring, a sleeping consumer
     /// is woken by a doorbell, an awake one is not rung; a port without the path uses UDP.
     #[test]
     fn same_host_frames_take_the_ring_and_wake_a_sleeping_consumer() {
-        let port = 30_000 + (std::process::id() % 5000) as u16;
-        let (ia, ib, ic) =
-            (Ipv4Addr::new(127, 0, 41, 1), Ipv4Addr::new(127, 0, 41, 2), Ipv4Addr::new(127, 0, 41, 3));
-        let mut a = UdpWire::bind(ia, port).unwrap();
-        let mut b = UdpWire::bind(ib, port).unwrap();
-        let mut c = UdpWire::bind(ic, port).unwrap(); // no same-host path
-        a.publish(1).unwrap();
-        b.publish(2).unwrap();
+        let (port, [ia, ib, ic], [mut a, mut b, mut c]) = three_ports(41, 30_000, 1);
         let now = Instant::from_nanos(1);
         assert!(!a.immediate_route(ib), "no ring before the first frame");
         // First frame: a new ring, the consumer unknown: doorbell, then the frame from the ring.
@@ -703,14 +714,7 @@ mod tests {
     #[test]
     fn unsealed_frames_ride_the_ring_marked_and_are_sealed_where_there_is_none() {
         use super::super::packet::{self, Bth, Headers, IcrcMeta, Opcode};
-        let port = 45_000 + (std::process::id() % 5000) as u16;
-        let (ia, ib, ic) =
-            (Ipv4Addr::new(127, 0, 45, 1), Ipv4Addr::new(127, 0, 45, 2), Ipv4Addr::new(127, 0, 45, 3));
-        let mut a = UdpWire::bind(ia, port).unwrap();
-        let mut b = UdpWire::bind(ib, port).unwrap();
-        let mut c = UdpWire::bind(ic, port).unwrap(); // no same-host path
-        a.publish(5).unwrap();
-        b.publish(6).unwrap();
+        let (port, [ia, ib, ic], [mut a, mut b, mut c]) = three_ports(45, 45_000, 5);
         let now = Instant::from_nanos(1);
         let headers = Headers::new(Bth::new(Opcode::RcSendOnly, 7, 1));
         let frame = |dst: Ipv4Addr| {
