@@ -216,8 +216,9 @@ struct Msg {
     peer: Nid,
     /// Credits it holds or waits for (sends through an LND only).
     credit: CreditState,
-    /// The send, while it waits for credits.
-    queued: Option<LndSend>,
+    /// The send, while it waits for credits (boxed: most sends never wait, and every message
+    /// is moved into and out of the table once).
+    queued: Option<Box<LndSend>>,
     /// What it is and what to do when it ends.
     kind: MsgKind,
 }
@@ -234,8 +235,9 @@ enum MsgKind {
     Reply { md: u64, template: Event },
     /// An incoming PUT into `md`; `ack`: the ACK to send once it is in.
     RecvPut { md: u64, template: Event, ack: Option<AckTo>, rdma: bool },
-    /// An incoming GET served from `md`; `reply`: for a header-only GET, the REPLY to send.
-    RecvGet { md: u64, template: Event, reply: Option<ReplyTo> },
+    /// An incoming GET served from `md`; `reply`: for a header-only GET, the REPLY to send
+    /// (boxed, as rare as that GET).
+    RecvGet { md: u64, template: Event, reply: Option<Box<ReplyTo>> },
     /// An incoming REPLY message into `md`, answering our GET `op`.
     RecvReply { md: u64, template: Event, op: u64 },
 }

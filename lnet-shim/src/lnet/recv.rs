@@ -231,8 +231,9 @@ impl State {
             0,
             hdr,
         );
-        let reply =
-            (!rdma).then(|| ReplyTo { to: hdr.src, me: hdr.dest, wmd: g.return_wmd, frags: frags.clone() });
+        let reply = (!rdma).then(|| {
+            Box::new(ReplyTo { to: hdr.src, me: hdr.dest, wmd: g.return_wmd, frags: frags.clone() })
+        });
         self.accepted(ni, from);
         let token = self.new_recv(ni, from, MsgKind::RecvGet { md: id, template, reply });
         RecvDisposition::Source { frags, token }
@@ -355,7 +356,7 @@ impl State {
             }
             MsgKind::RecvGet { md, template, reply } => match (reply, status) {
                 (Some(reply), Ok(())) if self.phase == Phase::Running => {
-                    self.send_reply(ni, md, template, reply, work)
+                    self.send_reply(ni, md, template, *reply, work)
                 }
                 _ => self.md_event(md, EventKind::Get, &template, status, true, work),
             },

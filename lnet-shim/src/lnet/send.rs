@@ -211,7 +211,7 @@ impl State {
         if state == CreditState::Both {
             self.hand_off(ni, send, work);
         } else if let Some(m) = self.msgs.get_mut(&token) {
-            m.queued = Some(send);
+            m.queued = Some(Box::new(send));
         }
         token
     }
@@ -320,7 +320,7 @@ impl State {
             if state == CreditState::Both {
                 if let Some(send) = m.queued.take() {
                     let ni = m.ni;
-                    self.hand_off(ni, send, work);
+                    self.hand_off(ni, *send, work);
                 }
             }
         }
