@@ -893,6 +893,14 @@ impl DevState {
                     }
                     batch.push(tx.dst, tx.len, unsealed);
                 }
+                // Frames for a same-host ring gain nothing by waiting for other QPs' (there is
+                // no system call to share): they leave before this QP's bookkeeping.
+                if unsealed == Some(true) {
+                    if let Err(err) = batch.flush_all(now, wire) {
+                        result = Err(err);
+                        break 'qps;
+                    }
+                }
             }
             budget = budget.saturating_sub(sent.max(1));
             self.after_qp(qpn, Some(now));
