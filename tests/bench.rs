@@ -262,3 +262,49 @@ fn fabric_ping_echoes_verified_sends_and_reports_its_round_trip() {
     assert_eq!(o.code, Some(1), "{o:?}");
     assert!(o.stderr.starts_with("lnd-bench: size 4: the fabric ping sends 8 to 4096 bytes"), "{o:?}");
 }
+
+#[test]
+fn line_ping_reports_the_cache_line_floor() {
+    let o = spawn(BIN, &["line-ping", "--duration", "0.2"]).wait(Duration::from_secs(60));
+    assert_eq!(o.code, Some(0), "{o:?}");
+    let line = o.stdout.lines().find(|l| l.starts_with("line ping: ")).unwrap_or_else(|| panic!("{o:?}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let trips: u64 = words[2].parse().unwrap_or_else(|_| panic!("{line}"));
+    let p50: f64 = words[6].parse().unwrap_or_else(|_| panic!("{line}"));
+    let p99: f64 = words[9].parse().unwrap_or_else(|_| panic!("{line}"));
+    // Whole batches of 64, after a warm-up.
+    assert!(trips > 0 && trips % 64 == 0, "{line}");
+    assert!(p50 > 0.0 && p99 >= p50, "{line}");
+}
+
+#[test]
+fn a_line_pong_that_is_never_stopped_gives_up_at_its_deadline() {
+    // A page as the pong's standard input, as `line-ping` passes it a memfd.
+    let path = std::env::temp_dir().join(format!("lnd-line-pong-{}", std::process::id()));
+    std::fs::write(&path, vec![0u8; 4096]).expect("page file");
+    let page = std::fs::File::options().read(true).write(true).open(&path).expect("page file");
+    let pong = |stdin: std::process::Stdio| {
+        let child = std::process::Command::new(BIN)
+            .args(["line-pong", "--seconds", "0.3"])
+            .stdin(stdin)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("line-pong runs");
+        // A bounded wait: the pong must leave by itself.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(child.wait_with_output()));
+        rx.recv_timeout(Duration::from_secs(30)).expect("line-pong left by its deadline").expect("output")
+    };
+    let o = pong(page.into());
+    let bytes = std::fs::read(&path).expect("page file");
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("line-pong: not told to stop within 0.3 s"), "{o:?}");
+    // It said it was ready (u64::MAX - 1 in its line, 128 bytes in).
+    assert_eq!(bytes[128..136], (u64::MAX - 1).to_ne_bytes(), "the pong's line");
+    // Without a page it fails at once, clearly.
+    let o = pong(std::process::Stdio::null());
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot map the shared page"), "{o:?}");
+}

@@ -10,7 +10,9 @@
 //! over as many buffer pairs as brw has in flight ([`crate::memlimit`]: what the CPUs can copy
 //! over brw's working set, which no transport that copies each byte once can beat), and under
 //! the pings, `lnd-bench fabric-ping` (the software device alone, see [`crate::fabricping`]:
-//! what our ping costs below the LND). UCX
+//! what our ping costs below the LND) and, at 8 B, `lnd-bench line-ping` (one cache line each
+//! way between two processes, see [`crate::linefloor`]: the machine's floor under any of
+//! them). UCX
 //! latency tests report one-way latency (half a round trip); our ping is a round trip, so the
 //! table compares our round trip with twice UCX's figure. The peers' CPU time is `getrusage(RUSAGE_CHILDREN)` around their
 //! run: both processes of the pair.
@@ -350,6 +352,8 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             our_cpu: ours_cpu(w),
         });
     }
+    // (line-ping, UCX sm's round trip, fabric-ping, ours) at 8 B, for the note under the table.
+    let mut floor = None;
     for (size, name) in [(8usize, "8B"), (4096, "4K")] {
         let ping = find(&rows, Op::Ping, size, 1).map_or(0.0, |r| r.run.lat_us(0.5));
         let lat_line = |what: String, peer: Option<f64>, ours: f64| Line {
@@ -371,8 +375,10 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             print_line(&lat_line(format!("ping {name} p50 vs UCX_TLS={tls} ucp_am_lat x2"), rtt, ping));
         }
         // The software device alone: the floor under our ping, against the same UCX figure.
+        let mut device = None;
         match crate::fabricping::measure(size, duration, args.port) {
             Ok(floor) => {
+                device = Some(floor.p50_us);
                 print_line(&lat_line(
                     format!("ping {name} p50 vs fabric-ping (device alone)"),
                     Some(floor.p50_us),
@@ -385,6 +391,26 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 ));
             }
             Err(e) => eprintln!("lnd-bench compare: fabric-ping at {name}: {e}"),
+        }
+        if size == 8 {
+            // The machine's floor: one cache line each way between two processes.
+            match crate::linefloor::measure(duration) {
+                Ok(line) => {
+                    let vs = |what: &str, ours: f64| {
+                        print_line(&lat_line(
+                            format!("{what} vs line-ping (cache-line floor)"),
+                            Some(line.p50_us),
+                            ours,
+                        ));
+                    };
+                    vs("ping 8B p50", ping);
+                    if let Some(d) = device {
+                        vs("fabric-ping 8B p50", d);
+                    }
+                    floor = Some((line.p50_us, sm, device, ping));
+                }
+                Err(e) => eprintln!("lnd-bench compare: line-ping: {e}"),
+            }
         }
     }
     let rate = find(&rows, Op::Ping, 8, 32).map_or(0.0, |r| 2.0 * r.run.rpc_s());
@@ -399,6 +425,17 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             peer_cpu: None,
             our_cpu: None,
         });
+    }
+    if let Some((line, sm, device, ours)) = floor.filter(|f| f.0 > 0.0) {
+        let times = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{:.1}x", x / line));
+        println!(
+            "\nfloor: a cache line there and back between two processes takes {line:.3} us (line-ping); \
+             at 8 B, UCX_TLS=sm,self ucp_am_lat x2 takes {} that, 1.5x UCX {}, fabric-ping {}, our ping {}",
+            times(sm),
+            times(sm.map(|u| 1.5 * u)),
+            times(device),
+            times(Some(ours)),
+        );
     }
     println!(
         "\nratio: ours/peer for bandwidth and rate, peer/ours for latency (above 1 = ours better); \

@@ -16,6 +16,7 @@ mod compare;
 mod copyloop;
 mod cpu;
 mod fabricping;
+mod linefloor;
 mod local;
 mod memlimit;
 mod node;
@@ -131,6 +132,21 @@ enum Cmd {
         /// UDP port of the software fabric.
         #[arg(long, default_value_t = 4791)]
         port: u16,
+    },
+    /// One cache line each way between two processes through shared memory, nothing else:
+    /// the machine's floor under any same-host round trip (under `fabric-ping` and `ping`).
+    LinePing {
+        /// Seconds to ping.
+        #[arg(long, default_value_t = 2.0)]
+        duration: f64,
+    },
+    /// The line ping's echoing process (started by `line-ping` and `compare`; its standard
+    /// input is the shared page).
+    #[command(hide = true)]
+    LinePong {
+        /// Seconds after which it gives up.
+        #[arg(long)]
+        seconds: f64,
     },
     /// The fabric ping's echoing process (started by `fabric-ping` and `compare`).
     #[command(hide = true)]
@@ -383,6 +399,15 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::FabricPong { ip, port } => fabricping::pong(ip, port),
+        Cmd::LinePing { duration } => {
+            let r = linefloor::measure(Duration::from_secs_f64(duration.max(0.01)))?;
+            println!(
+                "line ping: {} round trips, p50 {:.3} us, p99 {:.3} us (one cache line each way between two processes: the floor under any same-host round trip)",
+                r.round_trips, r.p50_us, r.p99_us
+            );
+            Ok(())
+        }
+        Cmd::LinePong { seconds } => linefloor::pong(seconds),
     }
 }
 
