@@ -48,18 +48,26 @@ impl LndUpcalls for NiUpcalls {
         }
     }
 
-    /// The default's three steps under one lock: the copy is at most an IMMEDIATE's payload.
+    /// The default's three steps under one lock: the copy is at most an IMMEDIATE's payload,
+    /// and the message is finished before the lock is let go, so it never needs a token.
     fn recv_immediate(&self, from: Nid, hdr: &LnetHdr, payload: &[u8]) {
         if let Some(inner) = self.lnet.upgrade() {
-            inner.run(|st, work| match st.recv(self.ni, from, hdr, false, work) {
-                RecvDisposition::Drop => {}
-                RecvDisposition::Sink { frags, mlength, token } => {
-                    st.recv_done(token, deliver_immediate(&frags, mlength, payload), work);
+            inner.run(|st, work| match st.parse(self.ni, from, hdr, false, work) {
+                Parsed::Drop => {}
+                Parsed::Sink { frags, mlength, msg } => {
+                    st.finish_recv(msg, deliver_immediate(&frags, mlength, payload), work);
                 }
-                RecvDisposition::Source { token, .. } => st.recv_done(token, Ok(0), work),
+                Parsed::Source { msg, .. } => st.finish_recv(msg, Ok(0), work),
             });
         }
     }
+}
+
+/// What `lnet_parse` made of an incoming message, before it is registered under a token.
+enum Parsed {
+    Drop,
+    Sink { frags: Frags, mlength: usize, msg: Msg },
+    Source { frags: Frags, msg: Msg },
 }
 
 /// Why an incoming message is dropped (counted per NI by reason).
@@ -73,10 +81,22 @@ enum DropWhy {
 }
 
 impl State {
-    /// `lnet_parse`: a message arrived on NI `ni` from LND peer `from`.
+    /// `lnet_parse`: a message arrived on NI `ni` from LND peer `from`; the LND finishes it
+    /// with [`State::recv_done`] and the token.
     fn recv(&mut self, ni: usize, from: Nid, hdr: &LnetHdr, rdma: bool, work: &mut Work) -> RecvDisposition {
+        match self.parse(ni, from, hdr, rdma, work) {
+            Parsed::Drop => RecvDisposition::Drop,
+            Parsed::Sink { frags, mlength, msg } => {
+                RecvDisposition::Sink { frags, mlength, token: self.register(msg) }
+            }
+            Parsed::Source { frags, msg } => RecvDisposition::Source { frags, token: self.register(msg) },
+        }
+    }
+
+    /// The checks and the matching of `lnet_parse`, and the message they make (not registered).
+    fn parse(&mut self, ni: usize, from: Nid, hdr: &LnetHdr, rdma: bool, work: &mut Work) -> Parsed {
         if self.phase != Phase::Running {
-            return RecvDisposition::Drop;
+            return Parsed::Drop;
         }
         let rlength = u64::from(hdr.payload_length);
         if !self.is_local(hdr.dest.nid) || hdr.dest.pid != self.pid {
@@ -95,7 +115,7 @@ impl State {
     }
 
     /// Counts a drop on the NI and the peer.
-    fn dropped(&mut self, ni: usize, from: Nid, bytes: u64, why: DropWhy) -> RecvDisposition {
+    fn dropped(&mut self, ni: usize, from: Nid, bytes: u64, why: DropWhy) -> Parsed {
         if let Some(n) = self.nis.get_mut(ni) {
             let d = &mut n.drops;
             match why {
@@ -113,7 +133,7 @@ impl State {
             p.counters.drop_count += 1;
             p.counters.drop_bytes += bytes;
         }
-        RecvDisposition::Drop
+        Parsed::Drop
     }
 
     /// Counts an accepted incoming message.
@@ -124,10 +144,15 @@ impl State {
         }
     }
 
-    /// Registers an incoming message and returns its token.
-    fn new_recv(&mut self, ni: usize, from: Nid, kind: MsgKind) -> u64 {
+    /// An incoming message, not registered yet.
+    fn new_recv(ni: usize, from: Nid, kind: MsgKind) -> Msg {
+        Msg { ni, peer: from, credit: CreditState::None, queued: None, kind }
+    }
+
+    /// Registers an incoming message the LND finishes later, and returns its token.
+    fn register(&mut self, msg: Msg) -> u64 {
         let token = self.new_token();
-        self.msgs.insert(token, Msg { ni, peer: from, credit: CreditState::None, queued: None, kind });
+        self.msgs.insert(token, msg);
         token
     }
 
@@ -139,7 +164,7 @@ impl State {
         p: PutMsg,
         rdma: bool,
         work: &mut Work,
-    ) -> RecvDisposition {
+    ) -> Parsed {
         let rlength = u64::from(hdr.payload_length);
         let matched = self.table.match_put(hdr.src, p.ptl_index, p.match_bits, rlength, u64::from(p.offset));
         let m = match matched {
@@ -188,8 +213,8 @@ impl State {
             mlength: m.mlength as u32,
         });
         self.accepted(ni, from);
-        let token = self.new_recv(ni, from, MsgKind::RecvPut { md: id, template, ack, rdma });
-        RecvDisposition::Sink { frags, mlength: m.mlength as usize, token }
+        let msg = State::new_recv(ni, from, MsgKind::RecvPut { md: id, template, ack, rdma });
+        Parsed::Sink { frags, mlength: m.mlength as usize, msg }
     }
 
     fn recv_get(
@@ -200,7 +225,7 @@ impl State {
         g: GetMsg,
         rdma: bool,
         _work: &mut Work,
-    ) -> RecvDisposition {
+    ) -> Parsed {
         let rlength = u64::from(g.sink_length);
         let matched =
             self.table.match_get(hdr.src, g.ptl_index, g.match_bits, rlength, u64::from(g.src_offset));
@@ -235,18 +260,11 @@ impl State {
             Box::new(ReplyTo { to: hdr.src, me: hdr.dest, wmd: g.return_wmd, frags: frags.clone() })
         });
         self.accepted(ni, from);
-        let token = self.new_recv(ni, from, MsgKind::RecvGet { md: id, template, reply });
-        RecvDisposition::Source { frags, token }
+        let msg = State::new_recv(ni, from, MsgKind::RecvGet { md: id, template, reply });
+        Parsed::Source { frags, msg }
     }
 
-    fn recv_ack(
-        &mut self,
-        ni: usize,
-        from: Nid,
-        hdr: &LnetHdr,
-        a: AckMsg,
-        work: &mut Work,
-    ) -> RecvDisposition {
+    fn recv_ack(&mut self, ni: usize, from: Nid, hdr: &LnetHdr, a: AckMsg, work: &mut Work) -> Parsed {
         let pending = self.md_of_wire(a.dst_wmd).and_then(|id| {
             let rec = self.mds.get_mut(&id)?;
             let at = rec
@@ -271,17 +289,10 @@ impl State {
         };
         self.response_event(id, p.op, EventKind::Ack, &t, status, work);
         // Nothing to receive: the ACK is complete.
-        RecvDisposition::Drop
+        Parsed::Drop
     }
 
-    fn recv_reply(
-        &mut self,
-        ni: usize,
-        from: Nid,
-        hdr: &LnetHdr,
-        r: ReplyMsg,
-        work: &mut Work,
-    ) -> RecvDisposition {
+    fn recv_reply(&mut self, ni: usize, from: Nid, hdr: &LnetHdr, r: ReplyMsg, work: &mut Work) -> Parsed {
         let rlength = u64::from(hdr.payload_length);
         let found = self.md_of_wire(r.dst_wmd).and_then(|id| {
             let rec = self.mds.get_mut(&id)?;
@@ -315,8 +326,8 @@ impl State {
         };
         self.accepted(ni, from);
         // The response's reference moves to the receive.
-        let token = self.new_recv(ni, from, MsgKind::RecvReply { md: id, template: t, op: p.op });
-        RecvDisposition::Sink { frags, mlength: mlength as usize, token }
+        let msg = State::new_recv(ni, from, MsgKind::RecvReply { md: id, template: t, op: p.op });
+        Parsed::Sink { frags, mlength: mlength as usize, msg }
     }
 
     /// `lnet_finalize` of a receive: the LND finished moving the data of receive `token`.
@@ -326,6 +337,11 @@ impl State {
             return; // an LND reporting a send token as a receive: ignore
         }
         let Some(msg) = self.msgs.remove(&token) else { return };
+        self.finish_recv(msg, result, work);
+    }
+
+    /// The rest of `lnet_finalize` for a receive: its counters, events and response.
+    fn finish_recv(&mut self, msg: Msg, result: Result<usize, LndError>, work: &mut Work) {
         let (ni, peer) = (msg.ni, msg.peer);
         if let Some(n) = self.nis.get_mut(ni) {
             let p = n.peer_mut(peer);
