@@ -8,7 +8,7 @@
 //! `hdrhistogram`. brw read data is checked on arrival; brw write data is checked by the server.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::Duration;
 
@@ -174,6 +174,8 @@ impl Run {
 struct Shared {
     run: Mutex<Run>,
     inbox: Mutex<VecDeque<Event>>,
+    /// The inbox's length, stored under its lock: a callback that finds it zero may skip it.
+    queued: AtomicUsize,
     wake: Condvar,
     /// The run's thread waits on `wake` (set and read under the inbox lock): events are
     /// notified only then, since every notify is a system call.
@@ -191,7 +193,12 @@ impl Shared {
                 Err(TryLockError::WouldBlock) => return,
             };
             loop {
-                let next = self.inbox.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
+                let next = {
+                    let mut inbox = self.inbox.lock().unwrap_or_else(PoisonError::into_inner);
+                    let next = inbox.pop_front();
+                    self.queued.store(inbox.len(), Ordering::Release);
+                    next
+                };
                 let Some(ev) = next else { break };
                 run.handle(&ev);
             }
@@ -205,6 +212,34 @@ impl Shared {
                 return;
             }
         }
+    }
+
+    /// Inline runs' fast path: with the inbox empty and the run free, handles `ev` at once;
+    /// false if it must go through the inbox. LNet delivers one event at a time, so while this
+    /// holds the run no other callback can queue one; only one on the run's own thread could
+    /// have, before, and then the inbox is not empty.
+    fn handle_now(&self, ev: &Event) -> bool {
+        if self.queued.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        let mut run = match self.run.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
+        };
+        run.handle(ev);
+        let finished = run.live() == 0;
+        drop(run);
+        if finished {
+            self.finished.store(true, Ordering::SeqCst);
+            self.wake.notify_all();
+        }
+        // Nothing can have come meanwhile (above), but should something have, it is handled
+        // as `drain` would.
+        if self.queued.load(Ordering::Acquire) != 0 {
+            self.drain();
+        }
+        true
     }
 
     fn lock_run(&self) -> MutexGuard<'_, Run> {
@@ -226,9 +261,13 @@ pub fn run(node: &Node, spec: &RunSpec) -> RunResult {
         let me = me.clone();
         let sink = EventSink::callback(move |ev: &Event| {
             let Some(shared) = me.upgrade() else { return };
+            if inline && shared.handle_now(ev) {
+                return;
+            }
             let waiting = {
                 let mut inbox = shared.inbox.lock().unwrap_or_else(PoisonError::into_inner);
                 inbox.push_back(*ev);
+                shared.queued.store(inbox.len(), Ordering::Release);
                 shared.waiting.load(Ordering::Relaxed)
             };
             if inline {
@@ -240,6 +279,7 @@ pub fn run(node: &Node, spec: &RunSpec) -> RunResult {
         Shared {
             run: Mutex::new(new_run(node, spec, sink, clock)),
             inbox: Mutex::new(VecDeque::new()),
+            queued: AtomicUsize::new(0),
             wake: Condvar::new(),
             waiting: AtomicBool::new(false),
             finished: AtomicBool::new(false),
