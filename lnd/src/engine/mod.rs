@@ -249,7 +249,10 @@ pub struct Engine<D: Device> {
     msgs: RegisteredBuf<D>,
     cookies: FastMap<u64, usize>,
     next_cookie: u64,
-    deadlines: BTreeSet<(Instant, usize, u32)>,
+    /// No live transmit's deadline is earlier (`None`: none is). Arming a deadline lowers it;
+    /// nothing raises it but [`Engine::expire`], which looks at every transmit once it passes
+    /// (about once per `timeout` while traffic flows: transmits finish long before theirs).
+    tx_check: Option<Instant>,
     waiting: VecDeque<Waiting>,
     cq_ready: VecDeque<usize>,
     poll_all_cqs: bool,
@@ -338,7 +341,7 @@ impl<D: Device> Engine<D> {
             msgs,
             cookies: FastMap::default(),
             next_cookie,
-            deadlines: BTreeSet::new(),
+            tx_check: None,
             waiting: VecDeque::new(),
             cq_ready: VecDeque::new(),
             poll_all_cqs: false,
@@ -433,9 +436,8 @@ impl<D: Device> Engine<D> {
     fn set_deadline(&mut self, now: Instant, txk: usize) {
         let timeout = self.tx_timeout();
         if let Some(t) = self.txs.get_mut(txk) {
-            self.deadlines.remove(&(t.deadline, txk, t.generation));
             t.deadline = now + timeout;
-            self.deadlines.insert((t.deadline, txk, t.generation));
+            self.tx_check = Instant::min_deadline(self.tx_check, Some(t.deadline));
         }
     }
 
@@ -538,7 +540,7 @@ impl<D: Device> Engine<D> {
             return Some(Instant::ZERO);
         }
         let mut t = Instant::min_deadline(self.dev.next_deadline(), self.cm.poll_timeout());
-        t = Instant::min_deadline(t, self.deadlines.first().map(|d| d.0));
+        t = Instant::min_deadline(t, self.tx_check);
         if !self.conns.is_empty() || !self.waiting.is_empty() {
             t = Instant::min_deadline(t, Some(self.next_scan));
         }
@@ -665,8 +667,11 @@ impl<D: Device> Engine<D> {
             return;
         }
         let tx = self.txs.remove(key);
+        if self.txs.is_empty() {
+            // Nothing left to expire: no wake-up for deadlines of transmits already gone.
+            self.tx_check = None;
+        }
         self.slots.give(tx.slot);
-        self.deadlines.remove(&(tx.deadline, key, tx.generation));
         if tx.cookie != 0 && self.cookies.get(&tx.cookie) == Some(&key) {
             self.cookies.remove(&tx.cookie);
         }
@@ -705,14 +710,34 @@ impl<D: Device> Engine<D> {
         self.tx_maybe_done(txk);
     }
 
-    /// Checks deadlines of transmits (queued, active, or waiting for a connection).
+    /// Checks deadlines of transmits (queued, active, or waiting for a connection), once the
+    /// earliest may have passed: every transmit is looked at, those due expire in deadline
+    /// order, and the earliest deadline left is the next check.
     fn expire(&mut self, now: Instant) {
-        while let Some(&(t, key, generation)) = self.deadlines.first() {
-            if t > now {
-                break;
+        if self.tx_check.is_none_or(|t| t > now) {
+            return;
+        }
+        let mut due = Vec::new();
+        let mut next = None;
+        for (key, tx) in self.txs.iter() {
+            if tx.deadline <= now {
+                due.push((tx.deadline, key, tx.generation));
+            } else {
+                next = Instant::min_deadline(next, Some(tx.deadline));
             }
-            self.deadlines.pop_first();
-            let Some(tx) = self.txs.get(key).filter(|tx| tx.generation == generation) else { continue };
+        }
+        self.tx_check = next;
+        due.sort_unstable();
+        for (t, key, generation) in due {
+            // Still the same transmit with the same deadline (an earlier expiry may have
+            // ended it, or moved it to another connection with a new deadline).
+            let Some(tx) = self.txs.get_mut(key).filter(|tx| tx.generation == generation && tx.deadline == t)
+            else {
+                continue;
+            };
+            // Expired once: it does not expire again unless a new deadline is armed.
+            tx.deadline = Instant::FAR_FUTURE;
+            let tx = &*tx;
             self.stats.tx_timeouts += 1;
             match tx.conn {
                 // o2iblnd: any expired transmit closes the whole connection.

@@ -207,7 +207,7 @@ impl<D: Device> Engine<D> {
             rdma: Vec::new(),
             pinned: Frags::new(),
         });
-        self.deadlines.insert((deadline, key, generation));
+        self.tx_check = Instant::min_deadline(self.tx_check, Some(deadline));
         Some(key)
     }
 

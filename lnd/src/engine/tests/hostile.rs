@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use lnet_shim::buffer::Buffer;
 use lnet_shim::event::Errno;
-use lnet_shim::lnd::{Frag, Frags};
+use lnet_shim::lnd::{Frag, Frags, Health};
 
 use super::*;
 use crate::fabric::soft::packet::{self, IcrcMeta, Opcode, ROCEV2_UDP_PORT};
@@ -358,4 +358,53 @@ fn a_message_that_arrives_instead_of_the_rtu_establishes_the_connection() {
     let back = sim.put(0, 1, 2, 3000);
     assert!(sim.wait_send(0, 2, 1_000_000).is_ok(), "seed {s}");
     assert_eq!(back.to_vec(0, 3000).unwrap(), filled(2, 3000).to_vec(0, 3000).unwrap(), "seed {s}");
+}
+
+/// The peer's GET_DONE arrives as a NOOP (type 0xd0, header only, its credits kept), so the
+/// GET_REQ, acknowledged and waiting for its completion, never hears back: it expires at its
+/// deadline (`timeout`), once, with ETIMEDOUT, and its connection closes (o2iblnd: an expired
+/// transmit closes the connection). Other transmits come and go meanwhile; none of them moves
+/// the expiry, and a connection made afterwards works.
+#[test]
+fn a_get_whose_done_never_comes_expires_once_at_its_deadline() {
+    let s = seed();
+    let mut sim = sim_with_hostile(
+        s,
+        on_type(MsgType::GetDone, |m| {
+            m.truncate(crate::wire::MSG_HDR_SIZE);
+            m[6] = MsgType::Noop.as_u8();
+            m[8..12].copy_from_slice(&(crate::wire::MSG_HDR_SIZE as u32).to_le_bytes());
+        }),
+    );
+    sim.nodes[1].lnet.post_source(3, vec![Frag::whole(filled(3, 1000))]);
+    let sink = Arc::new(Buffer::new(1000));
+    let (a, b) = (nid(0), nid(1));
+    let get = lnet_shim::lnd::LndSend {
+        target: b,
+        hdr: get_hdr(a, b, 3, 1000),
+        payload: Frags::new(),
+        get_sink: Some(Frag::whole(sink.clone()).into()),
+        token: 3,
+    };
+    let t0 = sim.now;
+    sim.nodes[0].engine.send(sim.now, get).unwrap();
+    // Short-lived transmits on the same connection, before and while the GET waits.
+    for tag in 10..20 {
+        sim.put(0, 1, tag, 100);
+        assert!(sim.wait_send(0, tag, 1_000_000).is_ok(), "seed {s}");
+    }
+    let r = sim.wait_send(0, 3, 10_000_000).map_err(|e| (e.errno, e.health));
+    let took = sim.now.saturating_duration_since(t0);
+    let timeout = tunables().tx_timeout();
+    assert_eq!(r, Err((Errno::ETIMEDOUT, Health::RemoteTimeout)), "seed {s}");
+    assert!(took >= timeout && took <= timeout + Duration::from_secs(1), "seed {s}: expired after {took:?}");
+    assert_eq!(sim.nodes[0].engine.stats().tx_timeouts, 1, "seed {s}");
+    sim.run_for(3 * timeout);
+    sim.gather();
+    assert_eq!(sim.sends[&(0, 3)].0, 1, "seed {s}: completed exactly once");
+    assert_eq!(sim.nodes[0].engine.stats().tx_timeouts, 1, "seed {s}: expired once");
+    assert_eq!(sim.nodes[0].engine.tx_descriptors().0, 0, "seed {s}: no descriptor held");
+    // The connection closed with it; a new one carries traffic.
+    sim.put(0, 1, 30, 100);
+    assert!(sim.wait_send(0, 30, 1_000_000).is_ok(), "seed {s}");
 }
