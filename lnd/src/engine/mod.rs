@@ -19,6 +19,7 @@
 mod conn;
 mod connect;
 mod cq;
+mod dirty;
 mod peer;
 mod rx;
 mod send;
@@ -27,7 +28,7 @@ pub use send::validate_send;
 mod tests;
 pub(crate) mod tx;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -263,7 +264,7 @@ pub struct Engine<D: Device> {
     /// The CQs one `reap_completions` drains (kept to reuse its allocation).
     reap_keys: Vec<usize>,
     fd_changes: Vec<FdChange>,
-    dirty: BTreeSet<usize>,
+    dirty: dirty::Dirty,
     /// Connections whose NOOP found no free descriptor: retried when any descriptor comes
     /// back (o2iblnd's connd re-checks `kiblnd_need_noop` on every connection for this).
     noop_starved: Vec<usize>,
@@ -349,7 +350,7 @@ impl<D: Device> Engine<D> {
             cq_poll_window: Duration::ZERO,
             reap_keys: Vec::new(),
             fd_changes: Vec::new(),
-            dirty: BTreeSet::new(),
+            dirty: dirty::Dirty::default(),
             noop_starved: Vec::new(),
             next_scan: Instant::ZERO,
             stats: EngineStats::default(),
