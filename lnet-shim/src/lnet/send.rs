@@ -192,8 +192,9 @@ impl State {
         let token = self.new_token();
         send.token = token;
         let target = send.target;
-        self.msgs.insert(token, Msg { ni, peer: target, credit: CreditState::None, queued: None, kind });
+        let msg = |credit, queued| Msg { ni, peer: target, credit, queued, kind };
         let Some(n) = self.nis.get_mut(ni) else {
+            self.msgs.insert(token, msg(CreditState::None, None));
             work.sends.push_back(Outgoing::Fail {
                 token,
                 error: LndError::new(Errno::EHOSTUNREACH, Health::LocalError),
@@ -201,17 +202,17 @@ impl State {
             return token;
         };
         if n.nid == target {
+            self.msgs.insert(token, msg(CreditState::None, None));
             self.hand_off(ni, send, work);
             return token;
         }
+        // The credits first, so the message enters the table once, complete.
         let state = n.take(target, token);
-        if let Some(m) = self.msgs.get_mut(&token) {
-            m.credit = state;
-        }
         if state == CreditState::Both {
+            self.msgs.insert(token, msg(state, None));
             self.hand_off(ni, send, work);
-        } else if let Some(m) = self.msgs.get_mut(&token) {
-            m.queued = Some(Box::new(send));
+        } else {
+            self.msgs.insert(token, msg(state, Some(Box::new(send))));
         }
         token
     }
