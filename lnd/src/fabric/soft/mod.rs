@@ -650,26 +650,17 @@ impl SoftDevice {
 }
 
 impl DevState {
-    fn mark_ready(&mut self, qpn: u32) {
-        if let Some(e) = self.qps.get_mut(&qpn) {
-            if !e.in_ready {
-                e.in_ready = true;
-                self.ready.push_back(qpn);
-            }
-        }
-    }
-
-    /// Moves completions and events out of a QP and re-arms its timer.
     /// Work `progress` has left for its next call: frames beyond its batch, sends ready.
     fn work_now(&self) -> bool {
         self.more_rx || !self.ready.is_empty() || !self.gsi_tx.is_empty()
     }
 
+    /// Moves completions and events out of a QP, re-arms its timer, and queues it to transmit
+    /// if it has something to send (`now`; `None`: whatever its state).
     fn after_qp(&mut self, qpn: u32, now: Option<Instant>) {
         let mut completions = std::mem::take(&mut self.scratch);
         let mut events = std::mem::take(&mut self.scratch_events);
         let mut overrun = Vec::new();
-        let mut wants = false;
         if let Some(e) = self.qps.get_mut(&qpn) {
             e.rc.take_completions(&mut completions);
             e.rc.take_events(&mut events);
@@ -699,16 +690,17 @@ impl DevState {
                 e.timer = Some(t);
                 self.timers.push(Reverse((t, qpn)));
             }
-            wants = now.is_none_or(|n| e.rc.wants_transmit(n));
+            // Ready to transmit: queued once.
+            if now.is_none_or(|n| e.rc.wants_transmit(n)) && !e.in_ready {
+                e.in_ready = true;
+                self.ready.push_back(qpn);
+            }
         }
         for ev in events.drain(..) {
             self.push_event(ev);
         }
         self.scratch = completions;
         self.scratch_events = events;
-        if wants {
-            self.mark_ready(qpn);
-        }
         for cq_id in overrun {
             self.cq_overrun(cq_id);
         }
