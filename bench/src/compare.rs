@@ -243,15 +243,17 @@ struct Line {
 
 fn print_line(l: &Line) {
     let cpu = |c: Option<f64>| c.map_or("-".to_owned(), |c| format!("{c:.2}"));
+    // Round trips of a microsecond or less need the second decimal.
+    let digits = if l.unit == "us" { 2 } else { 1 };
     let (peer, ratio) = match l.peer {
         Some(p) if p > 0.0 => {
             let r = if l.higher_better { l.ours / p } else { p / l.ours.max(1e-9) };
-            (format!("{p:.1}"), format!("{r:.2}x"))
+            (format!("{p:.digits$}"), format!("{r:.2}x"))
         }
         _ => ("not run".to_owned(), "-".to_owned()),
     };
     println!(
-        "{:<50} {:>10} {:>10.1} {:<6} {:>7} {:>9} {:>9}",
+        "{:<50} {:>10} {:>10.digits$} {:<6} {:>7} {:>9} {:>9}",
         l.what,
         peer,
         l.ours,
