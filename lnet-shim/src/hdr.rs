@@ -351,8 +351,10 @@ impl Writer {
     }
 
     fn bytes<const N: usize>(&mut self, v: [u8; N]) {
-        for (dst, src) in self.buf.iter_mut().skip(self.pos).zip(v) {
-            *dst = src;
+        // A range, not a byte loop: with every call inlined `pos` is a constant, and this is
+        // one store (a header is encoded for every message sent).
+        if let Some(dst) = self.buf.get_mut(self.pos..self.pos + N) {
+            dst.copy_from_slice(&v);
         }
         self.pos += N;
     }
@@ -383,12 +385,10 @@ impl<'a> Reader<'a> {
     }
 
     fn bytes<const N: usize>(&mut self) -> [u8; N] {
-        let mut out = [0; N];
-        for (dst, src) in out.iter_mut().zip(self.buf.iter().skip(self.pos)) {
-            *dst = *src;
-        }
+        // As `Writer::bytes`: one load once inlined.
+        let out = self.buf.get(self.pos..self.pos + N).and_then(|s| <[u8; N]>::try_from(s).ok());
         self.pos += N;
-        out
+        out.unwrap_or([0; N])
     }
 
     fn u32(&mut self) -> u32 {
