@@ -202,12 +202,7 @@ impl Shared {
                 let Some(ev) = next else { break };
                 run.handle(&ev);
             }
-            let finished = run.live() == 0;
-            drop(run);
-            if finished {
-                self.finished.store(true, Ordering::SeqCst);
-                self.wake.notify_all();
-            }
+            self.release(run);
             if self.inbox.lock().unwrap_or_else(PoisonError::into_inner).is_empty() {
                 return;
             }
@@ -228,18 +223,23 @@ impl Shared {
             Err(TryLockError::WouldBlock) => return false,
         };
         run.handle(ev);
-        let finished = run.live() == 0;
-        drop(run);
-        if finished {
-            self.finished.store(true, Ordering::SeqCst);
-            self.wake.notify_all();
-        }
+        self.release(run);
         // Nothing can have come meanwhile (above), but should something have, it is handled
         // as `drain` would.
         if self.queued.load(Ordering::Acquire) != 0 {
             self.drain();
         }
         true
+    }
+
+    /// Lets go of the run after handling events; the run's thread is woken if it is over.
+    fn release(&self, run: MutexGuard<'_, Run>) {
+        let finished = run.live() == 0;
+        drop(run);
+        if finished {
+            self.finished.store(true, Ordering::SeqCst);
+            self.wake.notify_all();
+        }
     }
 
     fn lock_run(&self) -> MutexGuard<'_, Run> {

@@ -117,6 +117,23 @@ fn on_type(t: MsgType, mut edit: impl FnMut(&mut Vec<u8>) + Send + 'static) -> R
 
 /// Node 0 ends up with no connection to node 1, had `expect` closing errors, and still talks
 /// to node 2.
+/// Node 1 serves `len` pattern bytes for match bits `tag`; node 0 GETs them (LNet token
+/// `tag`) into the sink returned.
+fn get_from_node_1(sim: &mut Sim, tag: u64, len: usize) -> Arc<Buffer> {
+    sim.nodes[1].lnet.post_source(tag, vec![Frag::whole(filled(tag, len))]);
+    let sink = Arc::new(Buffer::new(len));
+    let (a, b) = (nid(0), nid(1));
+    let get = lnet_shim::lnd::LndSend {
+        target: b,
+        hdr: get_hdr(a, b, tag, len),
+        payload: Frags::new(),
+        get_sink: Some(Frag::whole(sink.clone()).into()),
+        token: tag,
+    };
+    sim.nodes[0].engine.send(sim.now, get).unwrap();
+    sink
+}
+
 fn assert_only_the_hostile_connection_closed(sim: &mut Sim, s: u64) {
     let ok = sim.run_until(2_000_000, |sim| sim.nodes[0].engine.conn_details(nid(1)).is_empty());
     assert!(ok, "seed {s}: node 0 closed its connection to the hostile peer");
@@ -272,17 +289,7 @@ fn a_get_done_claiming_more_than_the_sink_fails_the_get_with_eproto() {
         s,
         on_type(MsgType::GetDone, |m| m[56..60].copy_from_slice(&1_000_000i32.to_le_bytes())),
     );
-    sim.nodes[1].lnet.post_source(3, vec![Frag::whole(filled(3, 1000))]);
-    let sink = Arc::new(Buffer::new(1000));
-    let (a, b) = (nid(0), nid(1));
-    let get = lnet_shim::lnd::LndSend {
-        target: b,
-        hdr: get_hdr(a, b, 3, 1000),
-        payload: Frags::new(),
-        get_sink: Some(Frag::whole(sink.clone()).into()),
-        token: 3,
-    };
-    sim.nodes[0].engine.send(sim.now, get).unwrap();
+    let sink = get_from_node_1(&mut sim, 3, 1000);
     let r = sim.wait_send(0, 3, 1_000_000);
     assert_eq!(
         r.map_err(|e| e.errno),
@@ -376,18 +383,8 @@ fn a_get_whose_done_never_comes_expires_once_at_its_deadline() {
             m[8..12].copy_from_slice(&(crate::wire::MSG_HDR_SIZE as u32).to_le_bytes());
         }),
     );
-    sim.nodes[1].lnet.post_source(3, vec![Frag::whole(filled(3, 1000))]);
-    let sink = Arc::new(Buffer::new(1000));
-    let (a, b) = (nid(0), nid(1));
-    let get = lnet_shim::lnd::LndSend {
-        target: b,
-        hdr: get_hdr(a, b, 3, 1000),
-        payload: Frags::new(),
-        get_sink: Some(Frag::whole(sink.clone()).into()),
-        token: 3,
-    };
     let t0 = sim.now;
-    sim.nodes[0].engine.send(sim.now, get).unwrap();
+    get_from_node_1(&mut sim, 3, 1000);
     // Short-lived transmits on the same connection, before and while the GET waits.
     for tag in 10..20 {
         sim.put(0, 1, tag, 100);
