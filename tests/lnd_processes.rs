@@ -64,10 +64,12 @@ fn two_processes_move_1_gib_by_get_verified() {
     assert!(s.stdout.contains("and 1024 GETs"), "{s:?}");
     lnd_tests::assert_write_path(&c.stdout);
     // The server's RDMA WRITEs land in the client: it copied them from the server's arena,
-    // each 1 MiB copy shared with its copy engine's helper thread.
+    // each 1 MiB copy shared with its copy engine's helper thread, and left running on it
+    // while the client's device went on (every byte still checked).
     lnd_tests::assert_mapped_copies(&c.stdout);
     let counter = |name| lnd_tests::counter(&c.stdout, name).unwrap_or_else(|| panic!("no {name} in {c:?}"));
     assert_eq!(counter("split"), counter("mapped"), "{}", c.stdout);
+    assert_eq!(counter("overlapped"), counter("mapped"), "{}", c.stdout);
     let streamed = if lnd::fabric::soft::streaming::AVAILABLE { counter("mapped") } else { 0 };
     assert_eq!(counter("streamed"), streamed, "{}", c.stdout);
     println!("{}", c.stdout.trim());

@@ -335,12 +335,13 @@ fn run(cli: Cli) -> Result<(), String> {
             let f = node.lnd_stats().fabric;
             node.shutdown();
             eprintln!(
-                "lnd-bench server: {} RPCs, {} errors, {} corrupt; same-host WRITEs placed {} (split {}, streamed {}), retransmits {}; frames sent {}, ACKs piggybacked {}",
+                "lnd-bench server: {} RPCs, {} errors, {} corrupt; same-host WRITEs placed {} (split {}, overlapped {}, streamed {}), retransmits {}; frames sent {}, ACKs piggybacked {}",
                 counters.rpcs,
                 counters.errors,
                 counters.corrupt,
                 f.placed_writes,
                 f.placed_split,
+                f.placed_overlapped,
                 f.placed_streamed,
                 f.retransmits,
                 f.tx_packets,

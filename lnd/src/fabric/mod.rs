@@ -88,6 +88,9 @@ pub struct FabricStats {
     /// Of those mapped copies, the ones (256 KiB and up) the device's copy engine shared with
     /// its helper thread, on another core.
     pub placed_split: u64,
+    /// Placed WRITEs whose copy the device left running on its copy engine while it went on
+    /// (the next `progress` concluded them; [`soft::copier`]).
+    pub placed_overlapped: u64,
     /// Of those mapped copies, the ones (256 KiB and up) written with streaming stores, around
     /// the CPU caches, because the memory recently written outgrew them (the software device's
     /// `Streaming` setting).

@@ -446,11 +446,12 @@ fn drive(a: &Args) -> Result<(), String> {
         first_done.map_or(0.0, |t| t.saturating_duration_since(t0).as_secs_f64()),
         stats
             .map(|s| format!(
-                ", retransmits {}, single copy: placed {}, mapped {}, split {}, streamed {}, refused {}, ring frames {} (doorbells {})",
+                ", retransmits {}, single copy: placed {}, mapped {}, split {}, overlapped {}, streamed {}, refused {}, ring frames {} (doorbells {})",
                 s.fabric.retransmits,
                 s.fabric.placed_sent + s.fabric.placed_writes,
                 s.fabric.placed_mapped,
                 s.fabric.placed_split,
+                s.fabric.placed_overlapped,
                 s.fabric.placed_streamed,
                 s.fabric.placed_refused,
                 s.fabric.ring_frames_sent + s.fabric.ring_frames_received,

@@ -8,13 +8,22 @@
 //! copy is cut into [`CHUNK`]-byte chunks, and the caller and the helper each claim the next
 //! chunk until none is left, so the work divides itself by how much time each has.
 //!
-//! The contract is a plain synchronous copy: `Copier::copy` returns when every byte is in
-//! place, so RC ordering, the protection checks made before it and the lifetime of the memory
-//! involved are exactly those of a `memcpy` on the calling thread. The helper never holds the
-//! caller up for long: it joins a job only by claiming it while it is still open, and a job
-//! it has not joined by the time the caller has claimed every chunk is closed and finished
-//! by the caller alone. Once joined, the caller waits only for the chunk the helper is
-//! copying.
+//! Two contracts:
+//! * **`Copier::copy`** (the tests') is a plain synchronous copy: it returns when every byte
+//!   is in place, so the lifetime of the memory involved is exactly that of a `memcpy` on the
+//!   calling thread; `Copier::start` below a running size is the same. The helper never holds the caller up for long: it joins a job only by claiming
+//!   it while it is still open, and a job it has not joined by the time the caller has claimed
+//!   every chunk is closed and finished by the caller alone. Once joined, the caller waits
+//!   only for the chunk the helper is copying.
+//! * **`Copier::start`** may leave a copy of at least [`ASYNC_MIN`] bytes *running* on the
+//!   helper, the way an HCA's DMA engine runs while the CPU goes on: the caller returns at
+//!   once and later finishes it (`Copier::finish`: it claims what the helper has not taken
+//!   and waits for the helper's chunk, or returns at once when the helper is through). The caller
+//!   keeps the memory valid until then; the device does so by finishing the running copy
+//!   before anything that could end that validity (see [`super::place`]). A copy starts
+//!   running only while the helper is looking for work (it is awake and will take it within
+//!   microseconds); otherwise it is copied at once, and a parked helper is woken for the
+//!   copies after it. At most one copy runs at a time.
 //!
 //! Whether a large copy uses ordinary or streaming stores is the device's [`Streaming`]
 //! choice ([`super::streaming`]), made once per copy and followed by both threads.
@@ -35,6 +44,8 @@ use crate::clock::Clock;
 pub const SPLIT_MIN: usize = 256 << 10;
 /// The unit of work the caller and the helper claim.
 pub const CHUNK: usize = 64 << 10;
+/// Copies smaller than this never run on the helper alone (`Copier::start`).
+pub const ASYNC_MIN: usize = SPLIT_MIN;
 /// While it looks, how often the helper yields the CPU.
 const YIELD_EVERY: Duration = Duration::from_micros(5);
 
@@ -77,8 +88,9 @@ pub(crate) struct Seg {
     pub(crate) len: usize,
 }
 
-// SAFETY: a `Seg` is only dereferenced inside `Copier::copy` (by the caller or, while the
-// caller waits for it, by the helper), whose caller guarantees the memory for that long.
+// SAFETY: a `Seg` is only dereferenced while its copy is posted or running (by the caller or
+// the helper), for which long `Copier::copy`'s and `Copier::start`'s callers guarantee the
+// memory.
 unsafe impl Send for Seg {}
 
 impl Seg {
@@ -110,6 +122,17 @@ struct Shared {
     stop: AtomicBool,
     /// Jobs the helper copied a chunk of.
     helped: AtomicU64,
+    /// The helper is awake, looking for a job (it joins a posted one within microseconds).
+    looking: AtomicBool,
+}
+
+/// What [`Copier::start`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Started {
+    /// Every byte is in place.
+    Done,
+    /// The copy runs on the helper: see [`Copier::is_done`] and [`Copier::finish`].
+    Running,
 }
 
 /// A device's copy engine (see the module notes).
@@ -126,6 +149,17 @@ pub(crate) struct Copier {
     footprint: Footprint,
     /// Copies made with streaming stores.
     streamed: u64,
+    /// The running copy ([`Copier::start`]): its pieces, chunks and store kind.
+    running: Option<Running>,
+    /// Copies [`Copier::start`] left running.
+    started_running: u64,
+}
+
+#[derive(Debug)]
+struct Running {
+    segs: Vec<Seg>,
+    chunks: usize,
+    stream: bool,
 }
 
 impl Copier {
@@ -141,6 +175,7 @@ impl Copier {
                 stream: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 helped: AtomicU64::new(0),
+                looking: AtomicBool::new(false),
             }),
             helper: None,
             mode,
@@ -149,7 +184,14 @@ impl Copier {
             budget,
             footprint: Footprint::new(),
             streamed: 0,
+            running: None,
+            started_running: 0,
         }
+    }
+
+    /// Copies [`Copier::start`] left running on the helper so far.
+    pub(crate) fn started_running(&self) -> u64 {
+        self.started_running
     }
 
     /// Copies made with streaming stores so far.
@@ -179,33 +221,56 @@ impl Copier {
     /// # Safety
     /// For the whole call, each piece's `src` is readable and its `dst` writable for its
     /// `len` bytes, and no destination overlaps a source or another destination.
+    #[cfg(test)]
     pub(crate) unsafe fn copy(&mut self, segs: &[Seg]) {
-        let total: usize = segs.iter().map(|s| s.len).fold(0, usize::saturating_add);
-        let stream = self.stream(segs, total);
-        let Some(helper) = self.helper_for(total) else {
-            for s in segs {
-                // SAFETY: the caller's promise, piece by piece.
-                unsafe { s.run(stream) };
-            }
-            return;
-        };
-        let chunks = total.div_ceil(CHUNK);
-        {
-            let mut job = self.shared.job.lock().unwrap_or_else(PoisonError::into_inner);
-            job.clear();
-            job.extend_from_slice(segs);
+        // SAFETY: the caller's promise, for the whole call, which `finish` ends.
+        unsafe { self.post(segs, false) };
+        self.finish();
+    }
+
+    /// Starts copying every piece of `segs`: a copy of at least [`ASYNC_MIN`] bytes while the
+    /// helper is looking for work (always, in `Always`) is left running on it; any other is
+    /// copied before this returns, as [`Copier::copy`] would. A copy already running is
+    /// finished first.
+    ///
+    /// # Safety
+    /// As for [`Copier::copy`], until the copy is done: this returned [`Started::Done`],
+    /// [`Copier::is_done`] returned true, or [`Copier::finish`] (or the drop) returned.
+    pub(crate) unsafe fn start(&mut self, segs: &[Seg]) -> Started {
+        self.finish();
+        // SAFETY: the caller's promise, until the copy is done.
+        if unsafe { self.post(segs, true) } {
+            self.started_running += 1;
+            Started::Running
+        } else {
+            self.finish();
+            Started::Done
         }
-        self.shared.next.store(0, Ordering::Relaxed);
-        self.shared.stream.store(stream, Ordering::Relaxed);
-        self.shared.state.store(POSTED, Ordering::Release);
-        helper.unpark();
+    }
+
+    /// Whether no copy is running any more (the helper copied every chunk of it). A load;
+    /// never waits.
+    #[cfg(test)]
+    pub(crate) fn is_done(&mut self) -> bool {
+        if self.running.is_some() && self.shared.state.load(Ordering::Acquire) == DONE {
+            self.shared.state.store(IDLE, Ordering::Release);
+            self.running = None;
+        }
+        self.running.is_none()
+    }
+
+    /// Completes the running copy, if any, on the calling thread: claims the chunks left and
+    /// waits for the helper's last one.
+    pub(crate) fn finish(&mut self) {
+        let Some(run) = self.running.take() else { return };
         if self.mode == CopyHelper::Always {
             // The helper joins and takes what it can before the caller claims anything.
             wait_while(&self.shared.state, POSTED);
             wait_while(&self.shared.state, TAKEN);
         }
-        // SAFETY: chunks of the caller's pieces; a chunk is claimed once, by one thread.
-        unsafe { claim_chunks(&self.shared.next, segs, chunks, stream) };
+        // SAFETY: chunks of the poster's pieces, still valid (`start`'s and `copy`'s
+        // promise); a chunk is claimed once, by one thread.
+        unsafe { claim_chunks(&self.shared.next, &run.segs, run.chunks, run.stream) };
         match self.shared.state.compare_exchange(POSTED, IDLE, Ordering::AcqRel, Ordering::Acquire) {
             // Never joined: closed now, before the helper could touch any piece.
             Ok(_) => {}
@@ -217,9 +282,55 @@ impl Copier {
         }
     }
 
-    /// The helper thread for a copy of `total` bytes, started if need be; `None`: copy inline.
-    fn helper_for(&mut self, total: usize) -> Option<Thread> {
-        if self.mode == CopyHelper::Off || total < SPLIT_MIN {
+    /// Posts `segs` to the helper when it should share (`alone`: run) the copy, leaving it in
+    /// `self.running`; otherwise copies inline. Returns whether it posted a job the helper may
+    /// take alone.
+    ///
+    /// # Safety
+    /// As for [`Copier::start`].
+    unsafe fn post(&mut self, segs: &[Seg], alone: bool) -> bool {
+        let total: usize = segs.iter().map(|s| s.len).fold(0, usize::saturating_add);
+        let stream = self.stream(segs, total);
+        let runs = alone
+            && total >= ASYNC_MIN
+            && (self.mode == CopyHelper::Always || self.shared.looking.load(Ordering::Acquire));
+        let helper = if runs || total >= SPLIT_MIN { self.helper_for() } else { None };
+        let Some(helper) = helper else {
+            if alone && total >= ASYNC_MIN {
+                // Woken now, the helper looks for the copies that follow this one.
+                self.wake_helper();
+            }
+            for s in segs {
+                // SAFETY: the caller's promise, piece by piece.
+                unsafe { s.run(stream) };
+            }
+            return false;
+        };
+        {
+            let mut job = self.shared.job.lock().unwrap_or_else(PoisonError::into_inner);
+            job.clear();
+            job.extend_from_slice(segs);
+        }
+        self.shared.next.store(0, Ordering::Relaxed);
+        self.shared.stream.store(stream, Ordering::Relaxed);
+        self.shared.state.store(POSTED, Ordering::Release);
+        helper.unpark();
+        self.running = Some(Running { segs: segs.to_vec(), chunks: total.div_ceil(CHUNK), stream });
+        runs
+    }
+
+    /// Unparks a parked helper (starting it if need be); nothing when it is looking already.
+    fn wake_helper(&mut self) {
+        if self.mode != CopyHelper::Off && !self.shared.looking.load(Ordering::Relaxed) {
+            if let Some(h) = self.helper_for() {
+                h.unpark();
+            }
+        }
+    }
+
+    /// The helper thread, started if need be; `None`: copy inline.
+    fn helper_for(&mut self) -> Option<Thread> {
+        if self.mode == CopyHelper::Off {
             return None;
         }
         if self.helper.is_none() {
@@ -240,6 +351,7 @@ impl Copier {
 
 impl Drop for Copier {
     fn drop(&mut self) {
+        self.finish();
         self.shared.stop.store(true, Ordering::Release);
         if let Some((thread, handle)) = self.helper.take() {
             thread.unpark();
@@ -307,6 +419,7 @@ unsafe fn copy_range(segs: &[Seg], start: usize, end: usize, stream: bool) {
 
 /// The helper thread: joins posted jobs until the copier goes.
 fn helper(shared: &Shared, spin: Duration) {
+    shared.looking.store(true, Ordering::Release);
     let clock = Clock::new();
     let mut last_job = clock.now();
     let mut last_yield = last_job;
@@ -320,8 +433,9 @@ fn helper(shared: &Shared, spin: Duration) {
                 let total = job.iter().map(|s| s.len).fold(0, usize::saturating_add);
                 // Written before the job was posted, which the swap above acquired.
                 let stream = shared.stream.load(Ordering::Relaxed);
-                // SAFETY: the poster waits in `Copier::copy` until this job is DONE, keeping
-                // its promise about these pieces for that long; chunks are claimed once.
+                // SAFETY: the poster keeps its promise about these pieces until this job is
+                // DONE (`Copier::finish` waits for that, `Copier::is_done` looks for it);
+                // chunks are claimed once.
                 unsafe { claim_chunks(&shared.next, &job, total.div_ceil(CHUNK), stream) }
             };
             if copied > 0 {
@@ -343,8 +457,11 @@ fn helper(shared: &Shared, spin: Duration) {
             }
         } else {
             // Unparked by the next post (or by drop); a token left by an earlier unpark only
-            // makes this return at once.
+            // makes this return at once. A job posted after `looking` went false finds the
+            // helper parked, or about to park, and its unpark token wakes it.
+            shared.looking.store(false, Ordering::Release);
             std::thread::park();
+            shared.looking.store(true, Ordering::Release);
             last_job = clock.now();
         }
     }
@@ -463,6 +580,71 @@ mod tests {
         // SAFETY: as above, a shorter piece.
         unsafe { copier.copy(&[seg]) };
         assert_eq!(copier.helped(), 50, "a copy below SPLIT_MIN stays on the caller");
+    }
+
+    /// Spins until `cond` holds, for at most 10 s.
+    fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
+        let clock = Clock::new();
+        let deadline = clock.now() + Duration::from_secs(10);
+        while !cond() {
+            if clock.now() > deadline {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        true
+    }
+
+    /// `start` leaves a copy running only while the helper looks for work: the first copy
+    /// finds it parked (not yet started) and is made inline, waking it; once it looks, copies
+    /// of `ASYNC_MIN` and more run on it alone and land whole whether the caller waits for
+    /// them (`is_done`) or finishes them (`finish`, racing the helper); smaller ones never run.
+    #[test]
+    fn started_copies_run_on_the_helper_once_it_looks_and_land_whole() {
+        let mut copier = Copier::new(CopyHelper::Auto, Duration::from_secs(30), Streaming::Off, usize::MAX);
+        let src: Vec<u8> = (0..1 << 20).map(|i| (i % 249) as u8).collect();
+        let mut dst = vec![0u8; 1 << 20];
+        let whole = |dst: &mut Vec<u8>| Seg { src: src.as_ptr(), dst: dst.as_mut_ptr(), len: src.len() };
+        // `src` and `dst` are distinct live vectors covering every piece below, and each copy
+        // is done (`Done`, `is_done` or `finish`, or the drop) before either is touched again:
+        // `start`'s promise, for every call.
+        let start = |copier: &mut Copier, seg: Seg| {
+            // SAFETY: as said above.
+            unsafe { copier.start(&[seg]) }
+        };
+        assert_eq!(start(&mut copier, whole(&mut dst)), Started::Done);
+        assert!(dst == src);
+        assert!(
+            wait_until(|| copier.shared.looking.load(Ordering::Acquire)),
+            "the woken helper never looked"
+        );
+        let mut rng = Rng::new(0x5a17);
+        for round in 0..200 {
+            dst.fill(0);
+            let len = ASYNC_MIN + rng.below((1 << 20) - ASYNC_MIN as u64 + 1) as usize;
+            let seg = Seg { src: src.as_ptr(), dst: dst.as_mut_ptr(), len };
+            assert_eq!(start(&mut copier, seg), Started::Running, "round {round}");
+            if round % 2 == 0 {
+                assert!(wait_until(|| copier.is_done()), "round {round}: the helper never finished");
+            } else {
+                copier.finish();
+            }
+            assert!(
+                dst[..len] == src[..len] && dst[len..].iter().all(|&b| b == 0),
+                "round {round}, {len} bytes"
+            );
+        }
+        assert_eq!(copier.started_running(), 200);
+        let seg = Seg { src: src.as_ptr(), dst: dst.as_mut_ptr(), len: ASYNC_MIN - 1 };
+        assert_eq!(start(&mut copier, seg), Started::Done, "a small copy stays on the caller");
+        // A copy left running when the copier goes lands before the drop returns.
+        dst.fill(0);
+        assert_eq!(start(&mut copier, whole(&mut dst)), Started::Running);
+        drop(copier);
+        assert!(dst == src);
+        // Without a helper nothing runs.
+        let mut off = Copier::new(CopyHelper::Off, Duration::ZERO, Streaming::Off, usize::MAX);
+        assert_eq!(start(&mut off, whole(&mut dst)), Started::Done);
     }
 
     /// Chunk boundaries inside and across pieces: every byte of a range, nothing outside.

@@ -15,7 +15,7 @@
 //! guess a live key from stale ones, and a deregistered key never matches again until its slot
 //! has been registered 65,536 more times. (An HCA's 8-bit key variant is a plain counter.)
 
-use super::copier::{Copier, Seg};
+use super::copier::{Copier, Seg, Started};
 use crate::fabric::Access;
 use crate::rng::Rng;
 
@@ -199,12 +199,15 @@ impl MrTable {
 
     /// Fills `len` bytes at `addr` under `key` (REMOTE_WRITE, PD `pd`) by `memcpy` from
     /// `sources` (pointer, length), whose lengths add up to `len`: the same-host RDMA WRITE of
-    /// [`super::place`] from a peer's mapped arena ([`super::peer_arena`]).
+    /// [`super::place`] from a peer's mapped arena ([`super::peer_arena`]). The copy may be
+    /// left running on the copy engine ([`Copier::start`]).
     ///
     /// # Safety
-    /// Every source must be readable for its length for the whole call (a range of a live
-    /// mapping). Its bytes may change under the copy (another process owns them): the copy
-    /// then holds some mix of old and new, as a wire WRITE racing its source would.
+    /// Every source must be readable for its length until the copy is done (a range of a
+    /// live mapping), and the caller must finish a running copy ([`Copier::finish`]) before
+    /// this table deregisters any region (the device does so under its lock). A source's
+    /// bytes may change under the copy (another process owns them): the copy then holds some
+    /// mix of old and new, as a wire WRITE racing its source would.
     pub(crate) unsafe fn write_from_sources(
         &self,
         pd: u32,
@@ -213,7 +216,7 @@ impl MrTable {
         len: u64,
         sources: &[(*const u8, u64)],
         copier: &mut Copier,
-    ) -> Result<(), MemFault> {
+    ) -> Result<Started, MemFault> {
         let ulen = usize::try_from(len).map_err(|_| MemFault::Range)?;
         self.check(pd, key, addr, ulen, Access::REMOTE_WRITE)?;
         let mut done = 0usize;
@@ -229,12 +232,12 @@ impl MrTable {
             return Err(MemFault::Range);
         }
         // SAFETY: `check` found a live region containing addr..addr+len, valid for writes
-        // while registered, and deregistration needs the device lock our caller holds for the
-        // whole call; every destination lies inside it and they do not overlap (consecutive
-        // ranges). Each source is readable for its length (the caller's promise) and in
-        // another mapping, so no source overlaps a destination.
-        unsafe { copier.copy(&segs) };
-        Ok(())
+        // while registered, and it stays registered until the copy is done (the caller's
+        // promise: deregistration finishes a running copy first); every destination lies
+        // inside it and they do not overlap (consecutive ranges). Each source is readable for
+        // its length until then (the caller's promise) and in another mapping, so no source
+        // overlaps a destination.
+        Ok(unsafe { copier.start(&segs) })
     }
 
     /// Fills `len` bytes at `addr` under `key` (REMOTE_WRITE, PD `pd`) with one copy from the

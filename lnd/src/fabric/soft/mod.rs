@@ -358,6 +358,13 @@ struct DevState {
     signalled: Vec<RawFd>,
     signalled_wanted: bool,
     more_rx: bool,
+    /// The QP whose placement request's copy runs on the copy engine ([`copier`]). While it
+    /// does, no frame is received: the next `progress` concludes it first (waiting for it,
+    /// or copying what is left), so RC ordering is that of a copy made on the spot.
+    placing_qp: Option<u32>,
+    /// The rest of a received batch of frames (UDP GRO) left when a copy started running:
+    /// the batch and the offset of its next frame, still in `rx_buf`.
+    rx_resume: Option<(Received, usize)>,
 }
 
 struct Shared {
@@ -413,26 +420,36 @@ impl Shared {
         let (local, port) = (self.ip, self.udp_port);
         let mut s = self.lock();
         let sent = s.transmit_all(now, local, port);
+        s.conclude_placing(now);
         s.more_rx = false;
         for i in 0..=RX_BATCH {
-            if i == RX_BATCH {
+            if i == RX_BATCH || s.placing_qp.is_some() {
+                // A running copy: the caller comes back for it (`work_now`).
                 s.more_rx = true;
                 break;
             }
-            let DevState { wire, rx_buf, .. } = &mut *s;
-            match wire.recv(now, rx_buf) {
-                Ok(Some(r)) => {
-                    // One datagram, or several coalesced by GRO: frames of `seg` bytes.
-                    let seg = if r.seg == 0 { r.len } else { r.seg };
-                    let mut at = 0;
-                    while at < r.len {
-                        let n = seg.min(r.len - at);
-                        s.handle_frame(now, local, port, &r, at, n);
-                        at += n;
+            let (r, from) = match s.rx_resume.take() {
+                Some(rest) => rest,
+                None => {
+                    let DevState { wire, rx_buf, .. } = &mut *s;
+                    match wire.recv(now, rx_buf) {
+                        Ok(Some(r)) => (r, 0),
+                        Ok(None) => break,
+                        Err(e) => return Err(FabricError::io("recv", e)),
                     }
                 }
-                Ok(None) => break,
-                Err(e) => return Err(FabricError::io("recv", e)),
+            };
+            // One datagram, or several coalesced by GRO: frames of `seg` bytes.
+            let seg = if r.seg == 0 { r.len } else { r.seg };
+            let mut at = from;
+            while at < r.len {
+                if s.placing_qp.is_some() {
+                    s.rx_resume = Some((r, at));
+                    break;
+                }
+                let n = seg.min(r.len - at);
+                s.handle_frame(now, local, port, &r, at, n);
+                at += n;
             }
         }
         s.fire_timers(now);
@@ -597,6 +614,8 @@ impl SoftDevice {
             signalled: Vec::new(),
             signalled_wanted: false,
             more_rx: false,
+            placing_qp: None,
+            rx_resume: None,
         };
         SoftDevice {
             shared: Arc::new(Shared {
@@ -787,6 +806,9 @@ impl DevState {
                 if !refused && e.rc.place_refused() {
                     place.refused_by(src);
                 }
+                if e.rc.is_placing() {
+                    self.placing_qp = Some(dqp);
+                }
             }
             None => {
                 stats.malformed += 1;
@@ -794,6 +816,17 @@ impl DevState {
             }
         }
         self.after_qp(dqp, Some(now));
+    }
+
+    /// Ends the placement request whose copy runs, if any: waits for the copy (copying what
+    /// the helper has not taken), judges it and lets its QP accept or refuse the request.
+    fn conclude_placing(&mut self, now: Instant) {
+        let Some(qpn) = self.placing_qp.take() else { return };
+        let Some(outcome) = self.place.conclude() else { return };
+        if let Some(e) = self.qps.get_mut(&qpn) {
+            e.rc.conclude_placed(outcome, &mut self.stats);
+        }
+        self.after_qp(qpn, Some(now));
     }
 
     fn transmit_gsi(&mut self, now: Instant, local: Ipv4Addr, udp_port: u16) -> std::io::Result<()> {
@@ -1147,6 +1180,7 @@ impl Device for SoftDevice {
             ring_frames_unsealed_sent: r.unsealed_sent,
             ring_frames_unsealed_received: r.unsealed_received,
             placed_split: s.place.copies_split(),
+            placed_overlapped: s.place.copies_run(),
             placed_streamed: s.place.copies_streamed(),
             ..s.stats
         }
@@ -1222,7 +1256,10 @@ impl MemoryRegion for SoftMr {
 
 impl Drop for SoftMr {
     fn drop(&mut self) {
-        self.shared.lock().mrs.deregister(self.key);
+        let mut s = self.shared.lock();
+        // A running copy may write into this region: its bytes land first.
+        s.place.drain();
+        s.mrs.deregister(self.key);
     }
 }
 

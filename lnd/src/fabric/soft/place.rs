@@ -94,7 +94,7 @@ use std::time::Duration;
 
 use lnet_shim::hash::FastMap;
 
-use super::copier::{Copier, CopyHelper};
+use super::copier::{Copier, CopyHelper, Started};
 use super::mem::{self, MemFault, MrTable, PlaceFault};
 use super::peer_arena::PeerArena;
 use super::streaming::{self, Streaming};
@@ -297,6 +297,23 @@ pub(crate) enum Copied {
     Syscall,
 }
 
+/// What [`Placement::place`] did with a request it accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Placing {
+    /// The copy is made and the request was live throughout.
+    Done(Copied),
+    /// The copy is running on the copy engine ([`super::copier`]); [`Placement::conclude`]
+    /// tells how it ends.
+    Running,
+}
+
+/// The placed WRITE whose copy is running: where it came from and its liveness word.
+#[derive(Clone, Copy, Debug)]
+struct RunningPlace {
+    src: Ipv4Addr,
+    live: (u64, u64),
+}
+
 /// How often departed senders are looked for (`Placement::forget_departed`).
 const DEPARTED_CHECK: Duration = Duration::from_secs(5);
 
@@ -317,6 +334,8 @@ pub(crate) struct Placement {
     forced_errno: Option<i32>,
     /// Copies from mapped arenas, large ones on two cores.
     copier: Copier,
+    /// The request whose copy is running, if any (at most one).
+    running: Option<RunningPlace>,
 }
 
 impl Placement {
@@ -337,12 +356,48 @@ impl Placement {
             checked: Instant::ZERO,
             forced_errno: None,
             copier: Copier::new(copy_helper, helper_spin, streaming, streaming::cache_budget()),
+            running: None,
         }
     }
 
     /// Placed WRITEs whose copy the copy engine's helper thread shared.
     pub(crate) fn copies_split(&self) -> u64 {
         self.copier.helped()
+    }
+
+    /// Placed WRITEs whose copy was left running on the copy engine while the device went on.
+    pub(crate) fn copies_run(&self) -> u64 {
+        self.copier.started_running()
+    }
+
+    /// Puts every byte of the running copy in place, waiting for it (the device calls it
+    /// before deregistering memory or destroying a QP, under its lock); the request's outcome
+    /// is still left for [`Placement::conclude`].
+    pub(crate) fn drain(&mut self) {
+        self.copier.finish();
+    }
+
+    /// Ends the running copy, waiting for it (and copying what is left) if need be, and
+    /// judges it as [`Placement::place`] judges a copy it made itself: `None` if none was
+    /// running.
+    pub(crate) fn conclude(&mut self) -> Option<Result<Copied, Unplaced>> {
+        let run = self.running.take()?;
+        self.copier.finish();
+        // The senders do not change while a copy runs (no request is executed and departed
+        // senders are not looked for), so the entry that started it is there.
+        let Some(Sender::Known(peer, arena)) = self.senders.get(&run.src) else {
+            return Some(Err(Unplaced::Fault));
+        };
+        let peer = *peer;
+        let word = match arena {
+            ArenaMap::Mapped(m) => m.load_word(run.live.0),
+            _ => None,
+        };
+        let word = match word {
+            Some(word) => Ok(word),
+            None => read_word(peer.pid, run.live.0).map_err(PlaceFault::Os),
+        };
+        Some(self.judge(run.src, &peer, word.map(|w| (Copied::Mapped, w)), run.live.1))
     }
 
     /// Placed WRITEs copied with streaming (cache-bypassing) stores.
@@ -380,7 +435,8 @@ impl Placement {
         rkey: u32,
         va: u64,
         len: u64,
-    ) -> Result<Copied, Unplaced> {
+    ) -> Result<Placing, Unplaced> {
+        debug_assert!(self.running.is_none(), "a request executed while a copy runs");
         if self.mode == SingleCopy::Off || self.own.is_none() {
             return Err(Unplaced::Refused);
         }
@@ -401,7 +457,8 @@ impl Placement {
         let forced = self.forced_errno;
         let map = self.mode == SingleCopy::Auto;
         let copier = &mut self.copier;
-        // The copy, then the liveness word: Ok(how it was copied, the word as read).
+        // The copy, then the liveness word: Ok(how it was copied, the word as read), or
+        // Ok(None) when the copy runs on.
         let copied = (|| {
             if let Some(errno) = forced {
                 return Err(PlaceFault::Os(std::io::Error::from_raw_os_error(errno)));
@@ -410,9 +467,14 @@ impl Placement {
             let how = match &mapped {
                 Some((_, sources)) => {
                     // SAFETY: every source was found wholly inside the sender's arena mapping,
-                    // which lives in `self.senders` for the whole call.
-                    unsafe { mem.write_from_sources(pd, rkey, va, len, sources, copier) }
+                    // which stays in `self.senders` until the copy is done (a running copy
+                    // keeps `forget_departed` away and no request runs until it is concluded);
+                    // the device finishes a running copy before deregistering any region.
+                    let started = unsafe { mem.write_from_sources(pd, rkey, va, len, sources, copier) }
                         .map_err(PlaceFault::Mem)?;
+                    if started == Started::Running {
+                        return Ok(None);
+                    }
                     Copied::Mapped
                 }
                 None => {
@@ -426,12 +488,31 @@ impl Placement {
                 Some(word) => word,
                 None => read_word(peer.pid, w.live.0).map_err(PlaceFault::Os)?,
             };
-            Ok((how, word))
+            Ok(Some((how, word)))
         })();
+        match copied {
+            Ok(None) => {
+                self.running = Some(RunningPlace { src, live: w.live });
+                Ok(Placing::Running)
+            }
+            Ok(Some(done)) => self.judge(src, &peer, Ok(done), w.live.1).map(Placing::Done),
+            Err(e) => self.judge(src, &peer, Err(e), w.live.1).map(Placing::Done),
+        }
+    }
+
+    /// The outcome of a copy from `src` (`peer`) that ended as `copied` (how, and the liveness
+    /// word read after it), the request's token being `token`.
+    fn judge(
+        &mut self,
+        src: Ipv4Addr,
+        peer: &LocalPeer,
+        copied: Result<(Copied, u64), PlaceFault>,
+        token: u64,
+    ) -> Result<Copied, Unplaced> {
         match copied {
             // The data was read before the word: if the word still holds the token, the request
             // was outstanding (its buffer not yet handed back) for the whole copy.
-            Ok((how, word)) if word == w.live.1 => Ok(how),
+            Ok((how, word)) if word == token => Ok(how),
             Ok(_) => Err(Unplaced::Stale),
             Err(PlaceFault::Mem(
                 MemFault::BadKey | MemFault::WrongPd | MemFault::Access | MemFault::Range,
@@ -455,7 +536,10 @@ impl Placement {
     /// belongs to no process or to another one, unmapping their arenas (a mapping would keep a
     /// departed process's buffer memory alive).
     pub(crate) fn forget_departed<W: Wire + ?Sized>(&mut self, wire: &W, now: Instant) {
-        if self.senders.is_empty() || now.saturating_duration_since(self.checked) < DEPARTED_CHECK {
+        if self.senders.is_empty()
+            || self.running.is_some()
+            || now.saturating_duration_since(self.checked) < DEPARTED_CHECK
+        {
             return;
         }
         self.checked = now;

@@ -42,7 +42,7 @@ use super::mem::MrTable;
 use super::packet::{
     self, Aeth, Bth, Headers, NakCode, Opcode, Packet, PiggyAck, Reth, Syndrome, psn_add, psn_diff,
 };
-use super::place::{Copied, MAX_PLACED_SGES, PlacedWrite, Placement, Unplaced};
+use super::place::{Copied, MAX_PLACED_SGES, PlacedWrite, Placement, Placing, Unplaced};
 use super::wire::Wire;
 use crate::fabric::{
     Access, AsyncEvent, FabricError, FabricStats, QpCaps, QpModify, QpState, RecvWr, SendOp, SendWr, Sge, Wc,
@@ -195,6 +195,29 @@ enum Refusal {
     /// A placement request that was no longer outstanding at the requester when it was
     /// executed: dropped like a lost packet (no ACK, expected PSN unmoved).
     Stale,
+    /// A placement request whose copy runs on the copy engine: nothing moves (expected PSN,
+    /// ACK, completion) until [`RcQp::conclude_placed`].
+    Running,
+}
+
+impl From<Unplaced> for Refusal {
+    fn from(e: Unplaced) -> Refusal {
+        match e {
+            Unplaced::Refused => Refusal::Unplaceable,
+            Unplaced::Access => Refusal::Nak(NakCode::RemoteAccessError),
+            Unplaced::Fault => Refusal::Nak(NakCode::RemoteOperationalError),
+            Unplaced::Stale => Refusal::Stale,
+        }
+    }
+}
+
+/// A placement request whose copy is running: what accepting it takes once the copy ends.
+#[derive(Clone, Copy, Debug)]
+struct PlacedTail {
+    bth: Bth,
+    dma_len: u32,
+    imm: Option<u32>,
+    psn_count: u32,
 }
 
 /// One RC queue pair's transport state.
@@ -239,6 +262,9 @@ pub(crate) struct RcQp {
     epsn: u32,
     msn: u32,
     in_msg: Option<InMsg>,
+    /// The placement request whose copy runs ([`super::copier`]); while it does, the device
+    /// gives this QP no packet.
+    placing: Option<PlacedTail>,
     acks: VecDeque<PendingAck>,
     /// Something queued in `acks` should not wait for a reply to carry it (see
     /// [`RcQp::must_respond_now`]); cleared when `acks` empties.
@@ -292,6 +318,7 @@ impl RcQp {
             epsn: 0,
             msn: 0,
             in_msg: None,
+            placing: None,
             acks: VecDeque::new(),
             acks_urgent: false,
             nak_sent: false,
@@ -397,6 +424,7 @@ impl RcQp {
     /// Moves to ERR and flushes every outstanding work request, in order.
     pub(crate) fn enter_error(&mut self) {
         self.state = QpState::Err;
+        self.placing = None;
         for w in self.sq.drain(..) {
             self.completions.push(Completion {
                 cq: CqSel::Send,
@@ -731,6 +759,36 @@ impl RcQp {
         } else {
             self.rx_write(pkt, mem).map(|()| 1)
         };
+        self.accept(bth, result, stats);
+    }
+
+    /// Whether a placement request's copy is running (the device holds this QP's packets).
+    pub(crate) fn is_placing(&self) -> bool {
+        self.placing.is_some()
+    }
+
+    /// Ends the placement request whose copy was running, as `outcome` says: accepted as
+    /// [`RcQp::rx_placed`] accepts a copy it made itself, or refused. Nothing if the QP left
+    /// RTR/RTS meanwhile (that dropped the request).
+    pub(crate) fn conclude_placed(&mut self, outcome: Result<Copied, Unplaced>, stats: &mut FabricStats) {
+        let Some(t) = self.placing.take() else { return };
+        if !matches!(self.state, QpState::Rtr | QpState::Rts) {
+            return;
+        }
+        let result = match outcome {
+            Ok(copied) => {
+                self.placed_landed(copied, &t, stats);
+                Ok(t.psn_count)
+            }
+            Err(e) => Err(Refusal::from(e)),
+        };
+        self.accept(t.bth, result, stats);
+    }
+
+    /// Moves the responder on past request `bth` (`result`: the PSNs it took) or answers its
+    /// refusal.
+    fn accept(&mut self, bth: Bth, result: Result<u32, Refusal>, stats: &mut FabricStats) {
+        let op = bth.opcode;
         match result {
             Ok(psns) => {
                 self.epsn = psn_add(self.epsn, psns);
@@ -760,6 +818,7 @@ impl RcQp {
                 stats.placed_refused += 1;
             }
             Err(Refusal::Stale) => stats.placed_stale += 1,
+            Err(Refusal::Running) => {}
             Err(Refusal::Nak(code)) => {
                 if code == NakCode::RemoteAccessError {
                     stats.access_errors += 1;
@@ -918,27 +977,35 @@ impl RcQp {
         if bth.opcode.has_imm() && self.rq.is_empty() {
             return Err(Refusal::Rnr);
         }
-        let copied = place.place.place(place.wire, src, &w, mem, self.pd, reth.rkey, reth.va, len).map_err(
-            |e| match e {
-                Unplaced::Refused => Refusal::Unplaceable,
-                Unplaced::Access => Refusal::Nak(NakCode::RemoteAccessError),
-                Unplaced::Fault => Refusal::Nak(NakCode::RemoteOperationalError),
-                Unplaced::Stale => Refusal::Stale,
-            },
-        )?;
+        let placed = place.place.place(place.wire, src, &w, mem, self.pd, reth.rkey, reth.va, len)?;
+        let tail = PlacedTail { bth, dma_len: reth.dma_len, imm: pkt.headers.imm, psn_count: w.psn_count };
+        match placed {
+            Placing::Done(copied) => {
+                self.placed_landed(copied, &tail, stats);
+                Ok(w.psn_count)
+            }
+            Placing::Running => {
+                self.placing = Some(tail);
+                Err(Refusal::Running)
+            }
+        }
+    }
+
+    /// Counts a placed WRITE whose bytes are in place and completes its receive if it carries
+    /// an immediate.
+    fn placed_landed(&mut self, copied: Copied, t: &PlacedTail, stats: &mut FabricStats) {
         stats.placed_writes += 1;
-        stats.placed_bytes += len;
+        stats.placed_bytes += u64::from(t.dma_len);
         stats.placed_mapped += u64::from(copied == Copied::Mapped);
-        if bth.opcode.has_imm() {
+        if t.bth.opcode.has_imm() {
             self.complete_recv(
                 WcStatus::Success,
                 WcOpcode::RecvRdmaWithImm,
-                reth.dma_len,
-                pkt.headers.imm,
-                bth.solicited,
+                t.dma_len,
+                t.imm,
+                t.bth.solicited,
             );
         }
-        Ok(w.psn_count)
     }
 
     fn on_ack(&mut self, now: Instant, pkt: &Packet<'_>, stats: &mut FabricStats) {

@@ -323,6 +323,101 @@ fn large_placed_writes_are_split_over_two_cores() {
         assert!(want.contains(&st.placed_split), "seed {s} {helper:?}: {st:?}");
         let streamed = if streaming == Streaming::Always && super::streaming::AVAILABLE { 90 } else { 0 };
         assert_eq!(st.placed_streamed, streamed, "seed {s} {streaming:?}: {st:?}");
+        // With the helper looking (always, in `Always`), every large copy ran on it while the
+        // device went on, and the SEND behind it still found every byte in place.
+        let overlapped = match helper {
+            CopyHelper::Always => 90..=90,
+            CopyHelper::Auto => 0..=90,
+            CopyHelper::Off => 0..=0,
+        };
+        assert!(overlapped.contains(&st.placed_overlapped), "seed {s} {helper:?}: {st:?}");
+    }
+}
+
+/// A placed WRITE whose copy runs on the copy engine holds its QP: the SEND behind it is not
+/// received, the WRITE not acknowledged or counted, and the device not idle, until the next
+/// `progress` concludes it with every byte in place. Deregistering the target region while
+/// the copy runs lets the copy land first, and the WRITE and SEND then complete.
+#[test]
+fn a_running_copy_holds_its_qp_until_the_next_progress() {
+    if lnet_shim::arena::arena().is_none() || SingleCopy::from_env() != SingleCopy::Auto {
+        println!("skipped: needs the mapped path (a buffer arena, LND_SOFT_SINGLE_COPY unset)");
+        return;
+    }
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let cfg = |seed| SoftConfig { copy_helper: CopyHelper::Always, ..on_path(seed, SingleCopy::Auto) };
+    let (a, b) = (node(&net, 1, cfg(s), 1 << 20), node(&net, 2, cfg(s + 1), 1 << 20));
+    connect(&a, &b, RC);
+    let mut extra = Some(RegisteredBuf::new(&b.dev, &b.pd, 1 << 20, RW).unwrap());
+    let data = pattern(7, 1 << 20);
+    a.buf.buf().write(0, &data).unwrap();
+    let mut now = Instant::ZERO;
+    for round in 0..2u64 {
+        let target = if round == 0 { &b.buf } else { extra.as_ref().unwrap() };
+        let (addr, rkey) = (target.addr_at(0), target.rkey());
+        b.qp.post_recv(&[RecvWr { wr_id: round, sg_list: &[] }]).unwrap();
+        let wrs = [
+            SendWr {
+                wr_id: 10 + round,
+                op: SendOp::RdmaWrite { remote_addr: addr, rkey },
+                sg_list: &[a.buf.sge(0, 1 << 20)],
+                flags: SendFlags::UNSIGNALED,
+            },
+            SendWr {
+                wr_id: 20 + round,
+                op: SendOp::SendWithImm { imm: round as u32 },
+                sg_list: &[],
+                flags: SendFlags::SIGNALED,
+            },
+        ];
+        a.qp.post_send(&wrs).unwrap();
+        // Until b's device starts the copy (and returns with it running), a's frames all
+        // arriving before b looks (the SEND is there behind the WRITE's request).
+        let mut started = false;
+        for _ in 0..1000 {
+            a.dev.progress(now).unwrap();
+            now += Duration::from_micros(100);
+            b.dev.progress_receive(now).unwrap();
+            if b.dev.stats().placed_overlapped == round + 1 {
+                started = true;
+                break;
+            }
+            now = [a.dev.next_deadline(), b.dev.next_deadline()]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(now)
+                .max(now);
+        }
+        assert!(started, "seed {s} round {round}: the copy never ran on the helper: {:?}", b.dev.stats());
+        let st = b.dev.stats();
+        assert_eq!(st.placed_writes, round, "seed {s}: counted before it was concluded");
+        let mut wcs = Vec::new();
+        poll_all(&b.cq, &mut wcs);
+        assert!(wcs.is_empty(), "seed {s} round {round}: received behind a running copy: {wcs:?}");
+        assert_eq!(b.dev.next_deadline(), Some(Instant::ZERO), "seed {s}: idle while a copy runs");
+        if round == 1 {
+            // The region goes while the copy runs into it: the copy lands first.
+            drop(extra.take());
+        }
+        let mut a_wcs = Vec::new();
+        let done = run_until(&[&a.dev, &b.dev], &mut now, 10_000, |_| {
+            poll_all(&b.cq, &mut wcs);
+            poll_all(&a.cq, &mut a_wcs);
+            !wcs.is_empty() && !a_wcs.is_empty()
+        });
+        assert!(done, "seed {s} round {round}: {:?} {:?}", a.dev.stats(), b.dev.stats());
+        assert_eq!(wcs.len(), 1, "seed {s}: {wcs:?}");
+        assert_eq!((wcs[0].status, wcs[0].imm_data), (WcStatus::Success, Some(round as u32)), "seed {s}");
+        assert_eq!((a_wcs[0].status, a_wcs[0].wr_id), (WcStatus::Success, 20 + round), "seed {s}: {a_wcs:?}");
+        let st = b.dev.stats();
+        assert_eq!(st.placed_writes, round + 1, "seed {s}");
+        // The SEND waited in the wire, not refused out of sequence and sent again.
+        assert_eq!((st.seq_naks, a.dev.stats().retransmits), (0, 0), "seed {s}: {st:?}");
+        if round == 0 {
+            assert!(b.buf.buf().to_vec(0, 1 << 20).unwrap() == data, "seed {s}: the WRITE's bytes");
+        }
     }
 }
 
