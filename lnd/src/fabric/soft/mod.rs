@@ -43,8 +43,10 @@
 //! [`crate::fabric::QueuePair::post_send_at`]: to a destination behind a same-host ring
 //! (nothing to batch) the device transmits at once, with `now` from the caller. The protocol
 //! never reads a clock (`now` is an argument) and runs on the caller's thread; the one thread
-//! the device starts is its copy engine's helper ([`copier`]), which only copies bytes for a
-//! `progress` call that waits for it, and parks when idle.
+//! the device starts is its copy engine's helper ([`copier`]), which only copies the bytes of
+//! placed WRITEs: shared with the `progress` call that makes the copy, or, for one large copy
+//! at a time, alone while the device returns to its caller; the next `progress` concludes
+//! that copy before it receives anything else. The helper parks when idle.
 
 pub mod copier;
 pub use copier::CopyHelper;
@@ -1288,14 +1290,18 @@ impl SoftQp {
         Ok(r)
     }
 
-    /// As [`SoftQp::with`] for work that needs only the entry and the memory regions (posting):
-    /// the entry stays in its table.
-    fn with_entry<R>(&self, f: impl FnOnce(&MrTable, &mut QpEntry) -> R) -> Result<R, FabricError> {
+    /// As [`SoftQp::with`] for posting receives: the entry stays in its table, and the QP is
+    /// looked at afterwards only if the posting made completions (a QP in ERR flushes what is
+    /// posted). A receive gives the transport nothing to send and no timer, so the QP is not
+    /// queued to transmit for it (after a reply posted just before, that was a pass of
+    /// `transmit` finding nothing).
+    fn with_receive_queue<R>(&self, f: impl FnOnce(&mut QpEntry) -> R) -> Result<R, FabricError> {
         let mut s = self.shared.lock();
-        let DevState { qps, mrs, .. } = &mut *s;
-        let e = qps.get_mut(&self.qpn).ok_or(FabricError::NotFound { what: "queue pair" })?;
-        let r = f(mrs, e);
-        s.after_qp(self.qpn, None);
+        let e = s.qps.get_mut(&self.qpn).ok_or(FabricError::NotFound { what: "queue pair" })?;
+        let r = f(e);
+        if e.rc.has_completions() {
+            s.after_qp(self.qpn, None);
+        }
         Ok(r)
     }
 
@@ -1361,7 +1367,7 @@ impl QueuePair for SoftQp {
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), FabricError> {
-        self.with_entry(|_, e| {
+        self.with_receive_queue(|e| {
             for (index, wr) in wrs.iter().enumerate() {
                 e.rc.post_recv(wr).map_err(|reason| FabricError::Post { index, reason })?;
             }

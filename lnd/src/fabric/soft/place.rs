@@ -86,6 +86,20 @@
 //! went away or restarted are dropped within a few seconds of device activity
 //! (`Placement::forget_departed`), so they do not keep a departed process's memory alive.
 //!
+//! # A copy left running
+//! A mapped copy of 256 KiB or more may be left running on the device's copy engine
+//! ([`super::copier`], `Started::Running`) while the device returns to its caller, as an HCA's
+//! DMA engine runs while the CPU goes on. The request is then neither accepted nor refused:
+//! its QP keeps its expected PSN, no ACK and no completion is made, and the device receives no
+//! frame at all until its next `progress` call, which starts by concluding it
+//! ([`Placement::conclude`]: the rest of the copy on that thread, then the liveness word, then
+//! accept or refuse as for a copy made on the spot). So the SEND behind the WRITE still finds
+//! every byte in place, and nothing is NAKed out of sequence meanwhile. The memory stays valid
+//! while the copy runs: the checked region because deregistration finishes a running copy
+//! first (`Placement::drain`, under the device lock), the source mapping because senders are
+//! not forgotten and no other request is executed until the conclusion. A QP that leaves
+//! RTR/RTS meanwhile drops the request, as it would drop a packet.
+//!
 //! Not placed: inline WRITEs (their data already sits in the work request), zero-length WRITEs,
 //! and anything to a port on another host.
 

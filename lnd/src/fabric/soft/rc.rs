@@ -561,6 +561,11 @@ impl RcQp {
         Ok(())
     }
 
+    /// Whether completions wait to be taken.
+    pub(crate) fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
     /// Takes the completions produced so far.
     ///
     /// Receive completions come before send completions made in the same call: a request
