@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use lnet_shim::buffer::Buffer;
 use lnet_shim::event::{Event, EventKind, EventQueue, EventSink};
+use lnet_shim::frags::Frag;
 use lnet_shim::matching::{ANY_PROCESS, MatchEntry, MdOptions, Threshold, Unlink};
 use lnet_shim::nid::ProcessId;
 use lnet_shim::{AckReq, Lnet, Md};
@@ -44,6 +45,10 @@ const REQUEST_BUFFER_LEN: usize = 16 * REQUEST_BUF;
 const KIND_REQUEST: u64 = 1;
 const KIND_BULK: u64 = 2;
 const KIND_REPLY: u64 = 3;
+/// Bytes of a pooled reply buffer: a header and a ping's echo of up to 4 KiB.
+const POOLED_REPLY: usize = HDR + 4096;
+/// Most reply buffers the pool keeps (more in flight at once are allocated and dropped).
+const POOLED_REPLIES: usize = 256;
 
 fn tag(kind: u64, id: u64) -> u64 {
     (kind << 56) | (id & ((1 << 56) - 1))
@@ -247,7 +252,9 @@ impl Server<'_> {
         let id = self.next;
         self.next += 1;
         let sink = EventSink::Queue(self.eq.clone());
-        match send_reply(&self.node.lnet, sink, id, client, rpc, reply_with(rpc, status, payload)) {
+        let buf = Arc::new(reply_with(rpc, status, payload));
+        let len = buf.len();
+        match send_reply(&self.node.lnet, sink, id, client, rpc, buf, len) {
             Ok(buf) => {
                 self.replies.insert(id, buf);
                 self.counters.rpcs += 1;
@@ -264,9 +271,55 @@ struct Fast {
     rpcs: AtomicU64,
     errors: AtomicU64,
     pool: Mutex<HashMap<usize, Vec<Arc<Buffer>>>>,
+    replies: Mutex<ReplyPool>,
+}
+
+/// The reply buffers of the callbacks' replies. A buffer stays in the pool while LNet and the
+/// LND use it and is taken again once the pool's is its only reference: no allocation, no
+/// registration per reply (and no need to know when its send ended).
+#[derive(Debug, Default)]
+struct ReplyPool {
+    bufs: Vec<Arc<Buffer>>,
+    /// Where the next look for a free buffer starts.
+    next: usize,
+}
+
+impl ReplyPool {
+    /// A buffer of [`POOLED_REPLY`] bytes nobody else holds.
+    fn take(&mut self) -> Arc<Buffer> {
+        let n = self.bufs.len();
+        for k in 0..n {
+            let i = (self.next + k) % n;
+            // `get_mut` checks with acquire ordering that no other reference is left, so
+            // whatever the last holder did with the bytes happened before we write them.
+            if Arc::get_mut(&mut self.bufs[i]).is_some() {
+                self.next = i + 1;
+                return self.bufs[i].clone();
+            }
+        }
+        let buf = Arc::new(Buffer::new_unzeroed(POOLED_REPLY));
+        if n < POOLED_REPLIES {
+            self.bufs.push(buf.clone());
+        }
+        buf
+    }
 }
 
 impl Fast {
+    /// The reply to RPC `rpc` with `status` and `echo` bytes after the header still to be
+    /// written: a pooled buffer when it fits, and the reply's length in it.
+    fn reply_buffer(&self, rpc: u64, status: i32, echo: usize) -> (Arc<Buffer>, usize) {
+        let len = HDR + echo;
+        let buf = if len <= POOLED_REPLY {
+            self.replies.lock().unwrap_or_else(PoisonError::into_inner).take()
+        } else {
+            Arc::new(Buffer::new_unzeroed(len))
+        };
+        // Cannot fail: the buffer is longer than the header.
+        let _ = buf.write(0, &Reply { rpc, status, len: echo as u32 }.encode());
+        (buf, len)
+    }
+
     fn take(&self, size: usize) -> Arc<Buffer> {
         let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
         pool.get_mut(&size).and_then(Vec::pop).unwrap_or_else(|| Arc::new(Buffer::new(size)))
@@ -310,8 +363,8 @@ fn fast_brw(lnet: &Lnet, fast: &Arc<Fast>, reply_sink: &EventSink, client: Proce
             }
             let status = ev.status.map_or_else(|e| e.as_i32(), |()| 0);
             fast.give(buf.clone());
-            let sent =
-                send_reply(&lnet, reply_sink.clone(), 0, client, req.rpc, reply_buffer(req.rpc, status, 0));
+            let (reply, len) = fast.reply_buffer(req.rpc, status, 0);
+            let sent = send_reply(&lnet, reply_sink.clone(), 0, client, req.rpc, reply, len);
             fast.count(status == 0 && sent.is_ok());
         })
     };
@@ -329,7 +382,8 @@ fn fast_brw(lnet: &Lnet, fast: &Arc<Fast>, reply_sink: &EventSink, client: Proce
     if started.is_err() {
         fast.give(buf);
         fast.count(false);
-        let _ = send_reply(lnet, reply_sink.clone(), 0, client, req.rpc, reply_buffer(req.rpc, -5, 0));
+        let (reply, len) = fast.reply_buffer(req.rpc, -5, 0);
+        let _ = send_reply(lnet, reply_sink.clone(), 0, client, req.rpc, reply, len);
     }
 }
 
@@ -404,9 +458,9 @@ impl RequestSlot {
         if let Some(req) = req.filter(|r| r.op == Op::Ping) {
             // The echo is copied from the request buffer straight into the reply's.
             let echo = len - HDR;
-            let buf = reply_buffer(req.rpc, 0, echo);
+            let (buf, reply_len) = self.fast.reply_buffer(req.rpc, 0, echo);
             let sent = buf.copy_from(HDR, &self.buf, at + HDR, echo).map_err(drop).and_then(|()| {
-                send_reply(&self.lnet, self.reply_sink.clone(), 0, ev.initiator, req.rpc, buf)
+                send_reply(&self.lnet, self.reply_sink.clone(), 0, ev.initiator, req.rpc, buf, reply_len)
             });
             self.fast.count(sent.is_ok());
             return true;
@@ -446,18 +500,20 @@ fn reply_with(rpc: u64, status: i32, payload: &[u8]) -> Buffer {
     buf
 }
 
-/// Starts the reply to RPC `rpc` in `buf` (see [`reply_buffer`]): a small PUT to the
-/// client's reply portal; its SEND event goes to `sink` tagged with `id`. Returns the buffer.
+/// Starts the reply to RPC `rpc` in the first `len` bytes of `buf` (see [`reply_buffer`]): a
+/// small PUT to the client's reply portal; its SEND event goes to `sink` tagged with `id`.
+/// Returns the buffer.
+#[allow(clippy::too_many_arguments, reason = "the reply, where it goes and how it is reported")]
 fn send_reply(
     lnet: &Lnet,
     sink: EventSink,
     id: u64,
     client: ProcessId,
     rpc: u64,
-    buf: Buffer,
+    buf: Arc<Buffer>,
+    len: usize,
 ) -> Result<Arc<Buffer>, ()> {
-    let buf = Arc::new(buf);
-    let md = Md::contiguous(buf.clone())
+    let md = Md::new(Frag { buf: buf.clone(), offset: 0, len })
         .with_threshold(Threshold::Count(1))
         .with_user_ptr(tag(KIND_REPLY, id))
         .with_events(sink);
@@ -482,4 +538,33 @@ fn stats_text(node: &Node, c: &ServerCounters) -> String {
         s.engine.rx_msgs,
         crate::cpu::used_us(crate::cpu::Who::Process)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pooled reply buffer is handed out again only once nobody else holds it, the pool
+    /// stops growing at its limit, and longer replies get a buffer of their own.
+    #[test]
+    fn reply_buffers_are_reused_only_when_free() {
+        let fast = Fast::default();
+        let (a, len) = fast.reply_buffer(7, 0, 8);
+        assert_eq!((len, a.len()), (HDR + 8, POOLED_REPLY));
+        let (b, _) = fast.reply_buffer(8, 0, 0);
+        assert!(!Arc::ptr_eq(&a, &b), "a buffer still held was handed out again");
+        let a_ptr = Arc::as_ptr(&a);
+        drop(a);
+        let (c, _) = fast.reply_buffer(9, -5, 0);
+        assert_eq!(Arc::as_ptr(&c), a_ptr, "the free buffer was not reused");
+        let mut hdr = [0u8; HDR];
+        c.read(0, &mut hdr).unwrap();
+        assert_eq!(hdr, Reply { rpc: 9, status: -5, len: 0 }.encode(), "the header of the new reply");
+        let held: Vec<_> = (0..2 * POOLED_REPLIES).map(|i| fast.reply_buffer(i as u64, 0, 0).0).collect();
+        assert_eq!(fast.replies.lock().unwrap().bufs.len(), POOLED_REPLIES);
+        drop(held);
+        let (big, len) = fast.reply_buffer(1, 0, 5000);
+        assert_eq!((len, big.len()), (HDR + 5000, HDR + 5000));
+        assert_eq!(fast.replies.lock().unwrap().bufs.len(), POOLED_REPLIES);
+    }
 }
