@@ -23,7 +23,9 @@
 //!   before anything that could end that validity (see [`super::place`]). A copy starts
 //!   running only while the helper is looking for work (it is awake and will take it within
 //!   microseconds); otherwise it is copied at once, and a parked helper is woken for the
-//!   copies after it. At most one copy runs at a time.
+//!   copies after it. At most one copy runs at a time. Whether the helper is looking is the OS
+//!   scheduler's doing, so a device on a virtual clock (whose runs a seed replays) uses
+//!   `Copier::timing_free`: there only `Always` leaves copies running, every large one.
 //!
 //! Whether a large copy uses ordinary or streaming stores is the device's [`Streaming`]
 //! choice ([`super::streaming`]), made once per copy and followed by both threads.
@@ -153,6 +155,8 @@ pub(crate) struct Copier {
     running: Option<Running>,
     /// Copies [`Copier::start`] left running.
     started_running: u64,
+    /// In `Auto`, whether `start` may leave a copy running (`Copier::timing_free` clears it).
+    run_when_looking: bool,
 }
 
 #[derive(Debug)]
@@ -186,7 +190,17 @@ impl Copier {
             streamed: 0,
             running: None,
             started_running: 0,
+            run_when_looking: true,
         }
+    }
+
+    /// The same copy engine, whose `start` never makes what happens next depend on the OS's
+    /// scheduling: in `Auto` it copies every copy before returning (`Always` still leaves
+    /// every large one running, which is a fixed rule). For devices on a virtual clock, whose
+    /// runs a seed must replay.
+    pub(crate) fn timing_free(mut self) -> Copier {
+        self.run_when_looking = false;
+        self
     }
 
     /// Copies [`Copier::start`] left running on the helper so far.
@@ -293,7 +307,8 @@ impl Copier {
         let stream = self.stream(segs, total);
         let runs = alone
             && total >= ASYNC_MIN
-            && (self.mode == CopyHelper::Always || self.shared.looking.load(Ordering::Acquire));
+            && (self.mode == CopyHelper::Always
+                || (self.run_when_looking && self.shared.looking.load(Ordering::Acquire)));
         let helper = if runs || total >= SPLIT_MIN { self.helper_for() } else { None };
         let Some(helper) = helper else {
             if alone && total >= ASYNC_MIN {

@@ -369,6 +369,10 @@ impl Wire for FaultyWire {
         self.inner.raw_fd()
     }
 
+    fn virtual_clock(&self) -> bool {
+        self.inner.virtual_clock()
+    }
+
     fn readable(&mut self) {
         self.inner.readable();
     }

@@ -589,6 +589,7 @@ impl SoftDevice {
             config.copy_helper,
             config.helper_spin,
             config.streaming,
+            wire.virtual_clock(),
         );
         let state = DevState {
             wire: FaultyWire::new(wire, config.faults, fault_seed),

@@ -360,7 +360,9 @@ impl Placement {
         copy_helper: CopyHelper,
         helper_spin: Duration,
         streaming: Streaming,
+        virtual_clock: bool,
     ) -> Placement {
+        let copier = Copier::new(copy_helper, helper_spin, streaming, streaming::cache_budget());
         Placement {
             name: name.to_owned(),
             mode,
@@ -369,7 +371,7 @@ impl Placement {
             senders: FastMap::default(),
             checked: Instant::ZERO,
             forced_errno: None,
-            copier: Copier::new(copy_helper, helper_spin, streaming, streaming::cache_budget()),
+            copier: if virtual_clock { copier.timing_free() } else { copier },
             running: None,
         }
     }

@@ -61,6 +61,7 @@ impl End {
                 CopyHelper::Off,
                 Duration::ZERO,
                 Streaming::Off,
+                true,
             ),
             port: net.attach(ip),
             stats: FabricStats::default(),

@@ -169,6 +169,10 @@ impl Wire for SimPort {
         None
     }
 
+    fn virtual_clock(&self) -> bool {
+        true
+    }
+
     fn next_deadline(&self) -> Option<Instant> {
         let inner = self.net.lock();
         inner.inboxes.get(&self.ip).and_then(|b| b.keys().next().map(|k| k.0))

@@ -60,6 +60,12 @@ pub trait Wire: Send {
     fn readable(&mut self) {}
     /// When a frame held back (delayed, or in flight on a simulated link) becomes deliverable.
     fn next_deadline(&self) -> Option<Instant>;
+    /// Whether the wire runs on a virtual clock (the simulation, [`super::sim`]): then nothing
+    /// the device does may depend on how the OS schedules its threads, so that a seed replays
+    /// a run exactly.
+    fn virtual_clock(&self) -> bool {
+        false
+    }
     /// This port's process and identity for the same-host path ([`super::place`]), if it
     /// offers it (published for peers to find).
     fn local_peer(&self) -> Option<LocalPeer> {
