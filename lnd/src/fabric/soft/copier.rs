@@ -264,7 +264,6 @@ impl Copier {
 
     /// Whether no copy is running any more (the helper copied every chunk of it). A load;
     /// never waits.
-    #[cfg(test)]
     pub(crate) fn is_done(&mut self) -> bool {
         if self.running.is_some() && self.shared.state.load(Ordering::Acquire) == DONE {
             self.shared.state.store(IDLE, Ordering::Release);

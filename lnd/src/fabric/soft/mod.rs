@@ -422,7 +422,13 @@ impl Shared {
         let (local, port) = (self.ip, self.udp_port);
         let mut s = self.lock();
         let sent = s.transmit_all(now, local, port);
-        s.conclude_placing(now);
+        // A running copy is concluded here, waiting for it if need be, except by the first
+        // half of the engine's poll (`hold`), which only takes it when it is done: otherwise
+        // that half receives nothing and the completions the caller has already go first,
+        // while the copy goes on.
+        if !hold || s.place.copy_done() {
+            s.conclude_placing(now);
+        }
         s.more_rx = false;
         for i in 0..=RX_BATCH {
             if i == RX_BATCH || s.placing_qp.is_some() {

@@ -386,6 +386,11 @@ impl Placement {
         self.copier.started_running()
     }
 
+    /// Whether the running copy, if any, has finished (a look; never waits).
+    pub(crate) fn copy_done(&mut self) -> bool {
+        self.copier.is_done()
+    }
+
     /// Puts every byte of the running copy in place, waiting for it (the device calls it
     /// before deregistering memory or destroying a QP, under its lock); the request's outcome
     /// is still left for [`Placement::conclude`].
