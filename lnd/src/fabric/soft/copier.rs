@@ -11,21 +11,23 @@
 //! Two contracts:
 //! * **`Copier::copy`** (the tests') is a plain synchronous copy: it returns when every byte
 //!   is in place, so the lifetime of the memory involved is exactly that of a `memcpy` on the
-//!   calling thread; `Copier::start` below a running size is the same. The helper never holds the caller up for long: it joins a job only by claiming
-//!   it while it is still open, and a job it has not joined by the time the caller has claimed
-//!   every chunk is closed and finished by the caller alone. Once joined, the caller waits
-//!   only for the chunk the helper is copying.
+//!   calling thread; `Copier::start` of a copy that does not run is the same. The helper
+//!   never holds the caller up for long: it joins a job only by claiming it while it is still
+//!   open, and a job it has not joined by the time the caller has claimed every chunk is
+//!   closed and finished by the caller alone. Once joined, the caller waits only for the
+//!   chunk the helper is copying.
 //! * **`Copier::start`** may leave a copy of at least [`ASYNC_MIN`] bytes *running* on the
 //!   helper, the way an HCA's DMA engine runs while the CPU goes on: the caller returns at
 //!   once and later finishes it (`Copier::finish`: it claims what the helper has not taken
-//!   and waits for the helper's chunk, or returns at once when the helper is through). The caller
-//!   keeps the memory valid until then; the device does so by finishing the running copy
-//!   before anything that could end that validity (see [`super::place`]). A copy starts
-//!   running only while the helper is looking for work (it is awake and will take it within
-//!   microseconds); otherwise it is copied at once, and a parked helper is woken for the
-//!   copies after it. At most one copy runs at a time. Whether the helper is looking is the OS
-//!   scheduler's doing, so a device on a virtual clock (whose runs a seed replays) uses
-//!   `Copier::timing_free`: there only `Always` leaves copies running, every large one.
+//!   and waits for the helper's chunk, or returns at once when the helper is through; or
+//!   `Copier::is_done`, a look). The caller keeps the memory valid until then; the device
+//!   does so by finishing the running copy before anything that could end that validity (see
+//!   [`super::place`]). A copy runs only while the helper is looking for work (awake, it
+//!   takes it within microseconds); otherwise it is copied as `copy` copies it, shared with
+//!   the helper, whose post wakes a parked helper for the copies after it. At most one copy
+//!   runs at a time. Whether the helper is looking is the OS scheduler's doing, so a device
+//!   on a virtual clock (whose runs a seed replays) uses `Copier::timing_free`: there only
+//!   `Always` leaves copies running, every large one.
 //!
 //! Whether a large copy uses ordinary or streaming stores is the device's [`Streaming`]
 //! choice ([`super::streaming`]), made once per copy and followed by both threads.
@@ -46,7 +48,9 @@ use crate::clock::Clock;
 pub const SPLIT_MIN: usize = 256 << 10;
 /// The unit of work the caller and the helper claim.
 pub const CHUNK: usize = 64 << 10;
-/// Copies smaller than this never run on the helper alone (`Copier::start`).
+/// Copies smaller than this never run on the helper alone (`Copier::start`). Not below
+/// [`SPLIT_MIN`]: a copy the helper is not looking for is then shared with it, and the unpark
+/// that posts it wakes a parked helper for the copies after it.
 pub const ASYNC_MIN: usize = SPLIT_MIN;
 /// While it looks, how often the helper yields the CPU.
 const YIELD_EVERY: Duration = Duration::from_micros(5);
@@ -310,10 +314,6 @@ impl Copier {
                 || (self.run_when_looking && self.shared.looking.load(Ordering::Acquire)));
         let helper = if runs || total >= SPLIT_MIN { self.helper_for() } else { None };
         let Some(helper) = helper else {
-            if alone && total >= ASYNC_MIN {
-                // Woken now, the helper looks for the copies that follow this one.
-                self.wake_helper();
-            }
             for s in segs {
                 // SAFETY: the caller's promise, piece by piece.
                 unsafe { s.run(stream) };
@@ -331,15 +331,6 @@ impl Copier {
         helper.unpark();
         self.running = Some(Running { segs: segs.to_vec(), chunks: total.div_ceil(CHUNK), stream });
         runs
-    }
-
-    /// Unparks a parked helper (starting it if need be); nothing when it is looking already.
-    fn wake_helper(&mut self) {
-        if self.mode != CopyHelper::Off && !self.shared.looking.load(Ordering::Relaxed) {
-            if let Some(h) = self.helper_for() {
-                h.unpark();
-            }
-        }
     }
 
     /// The helper thread, started if need be; `None`: copy inline.
@@ -610,7 +601,8 @@ mod tests {
     }
 
     /// `start` leaves a copy running only while the helper looks for work: the first copy
-    /// finds it parked (not yet started) and is made inline, waking it; once it looks, copies
+    /// finds none started and is made before `start` returns (shared with the helper it
+    /// starts); once the helper looks, copies
     /// of `ASYNC_MIN` and more run on it alone and land whole whether the caller waits for
     /// them (`is_done`) or finishes them (`finish`, racing the helper); smaller ones never run.
     #[test]
