@@ -92,7 +92,7 @@
 //! DMA engine runs while the CPU goes on. The request is then neither accepted nor refused:
 //! its QP keeps its expected PSN, no ACK and no completion is made, and the device receives no
 //! frame at all until its next `progress` call, which starts by concluding it
-//! ([`Placement::conclude`]: the rest of the copy on that thread, then the liveness word, then
+//! (`Placement::conclude`: the rest of the copy on that thread, then the liveness word, then
 //! accept or refuse as for a copy made on the spot). So the SEND behind the WRITE still finds
 //! every byte in place, and nothing is NAKed out of sequence meanwhile. The memory stays valid
 //! while the copy runs: the checked region because deregistration finishes a running copy
