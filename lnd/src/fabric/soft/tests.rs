@@ -419,6 +419,63 @@ fn a_running_copy_holds_its_qp_until_the_next_progress() {
     }
 }
 
+/// A QP that fails while its placed WRITE's copy runs drops the request at the conclusion
+/// (no ACK, nothing counted, no completion but the flushes): the requester retries into the
+/// failed QP until its retries run out, and its WRITE and SEND each end once, with an error.
+#[test]
+fn a_qp_failed_while_its_copy_runs_drops_the_request() {
+    if lnet_shim::arena::arena().is_none() || SingleCopy::from_env() != SingleCopy::Auto {
+        println!("skipped: needs the mapped path (a buffer arena, LND_SOFT_SINGLE_COPY unset)");
+        return;
+    }
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let cfg = |seed| SoftConfig { copy_helper: CopyHelper::Always, ..on_path(seed, SingleCopy::Auto) };
+    let (a, b) = (node(&net, 1, cfg(s), 1 << 20), node(&net, 2, cfg(s + 1), 1 << 20));
+    connect(&a, &b, Rc { retry: 3, timeout: 8, ..RC });
+    b.qp.post_recv(&[RecvWr { wr_id: 0, sg_list: &[] }]).unwrap();
+    let wrs = [
+        SendWr {
+            wr_id: 10,
+            op: SendOp::RdmaWrite { remote_addr: b.buf.addr_at(0), rkey: b.buf.rkey() },
+            sg_list: &[a.buf.sge(0, 1 << 20)],
+            flags: SendFlags::UNSIGNALED,
+        },
+        SendWr { wr_id: 20, op: SendOp::SendWithImm { imm: 1 }, sg_list: &[], flags: SendFlags::SIGNALED },
+    ];
+    a.qp.post_send(&wrs).unwrap();
+    let mut now = Instant::ZERO;
+    let mut started = false;
+    for _ in 0..1000 {
+        a.dev.progress(now).unwrap();
+        now += Duration::from_micros(100);
+        b.dev.progress_receive(now).unwrap();
+        if b.dev.stats().placed_overlapped == 1 {
+            started = true;
+            break;
+        }
+    }
+    assert!(started, "seed {s}: the copy never ran on the helper: {:?}", b.dev.stats());
+    b.qp.modify(&QpModify::Err).unwrap();
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    let done = run_until(&[&a.dev, &b.dev], &mut now, 100_000, |_| {
+        poll_all(&a.cq, &mut wa);
+        poll_all(&b.cq, &mut wb);
+        wa.len() == 2
+    });
+    assert!(done, "seed {s}: {wa:?} {:?} {:?}", a.dev.stats(), b.dev.stats());
+    let got: Vec<_> = wa.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(10, WcStatus::RetryExcErr), (20, WcStatus::WrFlushErr)], "seed {s}");
+    let got: Vec<_> = wb.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, vec![(0, WcStatus::WrFlushErr)], "seed {s}: only the flush at b");
+    let st = b.dev.stats();
+    assert_eq!(
+        (st.placed_writes, st.placed_bytes),
+        (0, 0),
+        "seed {s}: the dropped WRITE was counted: {st:?}"
+    );
+}
+
 #[test]
 fn writes_and_sends_survive_20_percent_loss_with_reordering_and_duplication() {
     let s = seed();
