@@ -155,8 +155,10 @@ pub(crate) struct Copier {
     footprint: Footprint,
     /// Copies made with streaming stores.
     streamed: u64,
-    /// The running copy ([`Copier::start`]): its pieces, chunks and store kind.
+    /// The posted or running copy: its pieces, chunks and store kind.
     running: Option<Running>,
+    /// The pieces' vector of the last copy, kept for the next (no allocation per copy).
+    spare: Vec<Seg>,
     /// Copies [`Copier::start`] left running.
     started_running: u64,
     /// In `Auto`, whether `start` may leave a copy running (`Copier::timing_free` clears it).
@@ -193,6 +195,7 @@ impl Copier {
             footprint: Footprint::new(),
             streamed: 0,
             running: None,
+            spare: Vec::new(),
             started_running: 0,
             run_when_looking: true,
         }
@@ -271,7 +274,9 @@ impl Copier {
     pub(crate) fn is_done(&mut self) -> bool {
         if self.running.is_some() && self.shared.state.load(Ordering::Acquire) == DONE {
             self.shared.state.store(IDLE, Ordering::Release);
-            self.running = None;
+            if let Some(run) = self.running.take() {
+                self.spare = run.segs;
+            }
         }
         self.running.is_none()
     }
@@ -297,6 +302,7 @@ impl Copier {
                 self.shared.state.store(IDLE, Ordering::Release);
             }
         }
+        self.spare = run.segs;
     }
 
     /// Posts `segs` to the helper when it should share (`alone`: run) the copy, leaving it in
@@ -329,7 +335,10 @@ impl Copier {
         self.shared.stream.store(stream, Ordering::Relaxed);
         self.shared.state.store(POSTED, Ordering::Release);
         helper.unpark();
-        self.running = Some(Running { segs: segs.to_vec(), chunks: total.div_ceil(CHUNK), stream });
+        let mut pieces = std::mem::take(&mut self.spare);
+        pieces.clear();
+        pieces.extend_from_slice(segs);
+        self.running = Some(Running { segs: pieces, chunks: total.div_ceil(CHUNK), stream });
         runs
     }
 
