@@ -285,8 +285,7 @@ fn writes_and_sends_arrive_in_order_exactly_once_on_a_clean_wire() {
 /// with ordinary or streaming stores; with the helper off, all on the responder's thread.
 #[test]
 fn large_placed_writes_are_split_over_two_cores() {
-    if lnet_shim::arena::arena().is_none() || SingleCopy::from_env() != SingleCopy::Auto {
-        println!("skipped: needs the mapped path (a buffer arena, LND_SOFT_SINGLE_COPY unset)");
+    if !mapped_path_available() {
         return;
     }
     let sizes = [1 << 20, (512 << 10) + 3, 300_000, 4096];
@@ -332,62 +331,87 @@ fn large_placed_writes_are_split_over_two_cores() {
     }
 }
 
+/// Whether the mapped single-copy path is there (a buffer arena, `LND_SOFT_SINGLE_COPY`
+/// unset); says the test is skipped if not.
+fn mapped_path_available() -> bool {
+    let ok = lnet_shim::arena::arena().is_some() && SingleCopy::from_env() == SingleCopy::Auto;
+    if !ok {
+        println!("skipped: needs the mapped path (a buffer arena, LND_SOFT_SINGLE_COPY unset)");
+    }
+    ok
+}
+
+/// Two connected nodes with 1 MiB buffers whose copy engines leave every large copy running
+/// (`Always`).
+fn helper_pair(net: &SimNet, s: u64, rc: Rc) -> (Node, Node) {
+    let cfg = |seed| SoftConfig { copy_helper: CopyHelper::Always, ..on_path(seed, SingleCopy::Auto) };
+    let (a, b) = (node(net, 1, cfg(s), 1 << 20), node(net, 2, cfg(s + 1), 1 << 20));
+    connect(&a, &b, rc);
+    (a, b)
+}
+
+/// b posts receive `round`; a posts an unsignaled 1 MiB WRITE (wr_id 10 + round) into
+/// `target` and a signaled SEND with immediate `round` (wr_id 20 + round) behind it.
+fn post_write_then_send(a: &Node, b: &Node, target: &RegisteredBuf<SoftDevice>, round: u64) {
+    b.qp.post_recv(&[RecvWr { wr_id: round, sg_list: &[] }]).unwrap();
+    let wrs = [
+        SendWr {
+            wr_id: 10 + round,
+            op: SendOp::RdmaWrite { remote_addr: target.addr_at(0), rkey: target.rkey() },
+            sg_list: &[a.buf.sge(0, 1 << 20)],
+            flags: SendFlags::UNSIGNALED,
+        },
+        SendWr {
+            wr_id: 20 + round,
+            op: SendOp::SendWithImm { imm: round as u32 },
+            sg_list: &[],
+            flags: SendFlags::SIGNALED,
+        },
+    ];
+    a.qp.post_send(&wrs).unwrap();
+}
+
+/// Steps a and b until b's device has left its `nth` copy running (and returned with it
+/// running), a's frames all arriving before b looks (the SEND is there behind the WRITE's
+/// request); false if it never did.
+fn step_until_copy_runs(a: &Node, b: &Node, now: &mut Instant, nth: u64) -> bool {
+    for _ in 0..1000 {
+        a.dev.progress(*now).unwrap();
+        *now += Duration::from_micros(100);
+        b.dev.progress_receive(*now).unwrap();
+        if b.dev.stats().placed_overlapped == nth {
+            return true;
+        }
+        *now = [a.dev.next_deadline(), b.dev.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(*now)
+            .max(*now);
+    }
+    false
+}
+
 /// A placed WRITE whose copy runs on the copy engine holds its QP: the SEND behind it is not
 /// received, the WRITE not acknowledged or counted, and the device not idle, until the next
 /// `progress` concludes it with every byte in place. Deregistering the target region while
 /// the copy runs lets the copy land first, and the WRITE and SEND then complete.
 #[test]
 fn a_running_copy_holds_its_qp_until_the_next_progress() {
-    if lnet_shim::arena::arena().is_none() || SingleCopy::from_env() != SingleCopy::Auto {
-        println!("skipped: needs the mapped path (a buffer arena, LND_SOFT_SINGLE_COPY unset)");
+    if !mapped_path_available() {
         return;
     }
     let s = seed();
     let net = SimNet::new(s, Duration::from_micros(5));
-    let cfg = |seed| SoftConfig { copy_helper: CopyHelper::Always, ..on_path(seed, SingleCopy::Auto) };
-    let (a, b) = (node(&net, 1, cfg(s), 1 << 20), node(&net, 2, cfg(s + 1), 1 << 20));
-    connect(&a, &b, RC);
+    let (a, b) = helper_pair(&net, s, RC);
     let mut extra = Some(RegisteredBuf::new(&b.dev, &b.pd, 1 << 20, RW).unwrap());
     let data = pattern(7, 1 << 20);
     a.buf.buf().write(0, &data).unwrap();
     let mut now = Instant::ZERO;
     for round in 0..2u64 {
         let target = if round == 0 { &b.buf } else { extra.as_ref().unwrap() };
-        let (addr, rkey) = (target.addr_at(0), target.rkey());
-        b.qp.post_recv(&[RecvWr { wr_id: round, sg_list: &[] }]).unwrap();
-        let wrs = [
-            SendWr {
-                wr_id: 10 + round,
-                op: SendOp::RdmaWrite { remote_addr: addr, rkey },
-                sg_list: &[a.buf.sge(0, 1 << 20)],
-                flags: SendFlags::UNSIGNALED,
-            },
-            SendWr {
-                wr_id: 20 + round,
-                op: SendOp::SendWithImm { imm: round as u32 },
-                sg_list: &[],
-                flags: SendFlags::SIGNALED,
-            },
-        ];
-        a.qp.post_send(&wrs).unwrap();
-        // Until b's device starts the copy (and returns with it running), a's frames all
-        // arriving before b looks (the SEND is there behind the WRITE's request).
-        let mut started = false;
-        for _ in 0..1000 {
-            a.dev.progress(now).unwrap();
-            now += Duration::from_micros(100);
-            b.dev.progress_receive(now).unwrap();
-            if b.dev.stats().placed_overlapped == round + 1 {
-                started = true;
-                break;
-            }
-            now = [a.dev.next_deadline(), b.dev.next_deadline()]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(now)
-                .max(now);
-        }
+        post_write_then_send(&a, &b, target, round);
+        let started = step_until_copy_runs(&a, &b, &mut now, round + 1);
         assert!(started, "seed {s} round {round}: the copy never ran on the helper: {:?}", b.dev.stats());
         let st = b.dev.stats();
         assert_eq!(st.placed_writes, round, "seed {s}: counted before it was concluded");
@@ -424,37 +448,15 @@ fn a_running_copy_holds_its_qp_until_the_next_progress() {
 /// failed QP until its retries run out, and its WRITE and SEND each end once, with an error.
 #[test]
 fn a_qp_failed_while_its_copy_runs_drops_the_request() {
-    if lnet_shim::arena::arena().is_none() || SingleCopy::from_env() != SingleCopy::Auto {
-        println!("skipped: needs the mapped path (a buffer arena, LND_SOFT_SINGLE_COPY unset)");
+    if !mapped_path_available() {
         return;
     }
     let s = seed();
     let net = SimNet::new(s, Duration::from_micros(5));
-    let cfg = |seed| SoftConfig { copy_helper: CopyHelper::Always, ..on_path(seed, SingleCopy::Auto) };
-    let (a, b) = (node(&net, 1, cfg(s), 1 << 20), node(&net, 2, cfg(s + 1), 1 << 20));
-    connect(&a, &b, Rc { retry: 3, timeout: 8, ..RC });
-    b.qp.post_recv(&[RecvWr { wr_id: 0, sg_list: &[] }]).unwrap();
-    let wrs = [
-        SendWr {
-            wr_id: 10,
-            op: SendOp::RdmaWrite { remote_addr: b.buf.addr_at(0), rkey: b.buf.rkey() },
-            sg_list: &[a.buf.sge(0, 1 << 20)],
-            flags: SendFlags::UNSIGNALED,
-        },
-        SendWr { wr_id: 20, op: SendOp::SendWithImm { imm: 1 }, sg_list: &[], flags: SendFlags::SIGNALED },
-    ];
-    a.qp.post_send(&wrs).unwrap();
+    let (a, b) = helper_pair(&net, s, Rc { retry: 3, timeout: 8, ..RC });
+    post_write_then_send(&a, &b, &b.buf, 0);
     let mut now = Instant::ZERO;
-    let mut started = false;
-    for _ in 0..1000 {
-        a.dev.progress(now).unwrap();
-        now += Duration::from_micros(100);
-        b.dev.progress_receive(now).unwrap();
-        if b.dev.stats().placed_overlapped == 1 {
-            started = true;
-            break;
-        }
-    }
+    let started = step_until_copy_runs(&a, &b, &mut now, 1);
     assert!(started, "seed {s}: the copy never ran on the helper: {:?}", b.dev.stats());
     b.qp.modify(&QpModify::Err).unwrap();
     let (mut wa, mut wb) = (Vec::new(), Vec::new());
