@@ -252,8 +252,9 @@ impl Server<'_> {
         let id = self.next;
         self.next += 1;
         let sink = EventSink::Queue(self.eq.clone());
-        let buf = Arc::new(reply_with(rpc, status, payload));
-        let len = buf.len();
+        let (buf, len) = self.fast.reply_buffer(rpc, status, payload.len());
+        // Cannot fail: the buffer has room for the payload after the header.
+        let _ = buf.write(HDR, payload);
         match send_reply(&self.node.lnet, sink, id, client, rpc, buf, len) {
             Ok(buf) => {
                 self.replies.insert(id, buf);
@@ -274,7 +275,7 @@ struct Fast {
     replies: Mutex<ReplyPool>,
 }
 
-/// The reply buffers of the callbacks' replies. A buffer stays in the pool while LNet and the
+/// The reply buffers of the server's replies. A buffer stays in the pool while LNet and the
 /// LND use it and is taken again once the pool's is its only reference: no allocation, no
 /// registration per reply (and no need to know when its send ended).
 #[derive(Debug, Default)]
@@ -484,23 +485,7 @@ impl RequestSlot {
     }
 }
 
-/// A reply's buffer: the header, then `len` bytes of payload the caller must fill.
-fn reply_buffer(rpc: u64, status: i32, len: usize) -> Buffer {
-    let buf = Buffer::new_unzeroed(HDR + len);
-    // Cannot fail: the buffer is longer than the header.
-    let _ = buf.write(0, &Reply { rpc, status, len: len as u32 }.encode());
-    buf
-}
-
-/// A reply carrying `payload`.
-fn reply_with(rpc: u64, status: i32, payload: &[u8]) -> Buffer {
-    let buf = reply_buffer(rpc, status, payload.len());
-    // Cannot fail: the buffer has room for the payload after the header.
-    let _ = buf.write(HDR, payload);
-    buf
-}
-
-/// Starts the reply to RPC `rpc` in the first `len` bytes of `buf` (see [`reply_buffer`]): a
+/// Starts the reply to RPC `rpc` in the first `len` bytes of `buf` (see [`Fast::reply_buffer`]): a
 /// small PUT to the client's reply portal; its SEND event goes to `sink` tagged with `id`.
 /// Returns the buffer.
 #[allow(clippy::too_many_arguments, reason = "the reply, where it goes and how it is reported")]
