@@ -150,11 +150,12 @@ static ARENA: OnceLock<Option<Arena>> = OnceLock::new();
 pub fn arena() -> Option<&'static Arena> {
     ARENA
         .get_or_init(|| {
-            if matches!(
-                std::env::var("LNET_BUFFER_ARENA").as_deref().map(str::trim),
-                Ok("0" | "off" | "false")
-            ) {
-                return None;
+            match std::env::var("LNET_BUFFER_ARENA").as_deref().map(str::trim) {
+                Ok("0" | "off" | "false") => return None,
+                Err(_) | Ok("" | "1" | "on" | "true" | "auto") => {}
+                Ok(other) => eprintln!(
+                    "lnet: LNET_BUFFER_ARENA={other:?} is not one of 1, on, 0 or off; using the arena"
+                ),
             }
             Arena::new(ARENA_LEN)
                 .inspect_err(|e| {

@@ -95,6 +95,18 @@ use crate::fabric::{
 use crate::rng::Rng;
 use crate::time::Instant;
 
+/// Reports once per variable, on stderr, an environment setting whose value names no mode
+/// (the caller then uses its default), so a typo such as `LND_SOFT_SINGLE_COPY=of` is seen
+/// rather than silently meaning the default.
+fn warn_unknown_setting(var: &'static str, value: Option<&str>, expected: &str) {
+    static WARNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut warned = WARNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !warned.contains(&var) {
+        warned.push(var);
+        eprintln!("lnd: {var}={:?} is not one of {expected}; using auto", value.unwrap_or_default());
+    }
+}
+
 /// Resource limits of a software device, like those of a real HCA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SoftLimits {

@@ -130,17 +130,28 @@ pub enum SingleCopy {
 
 impl SingleCopy {
     /// The default: `Auto`, unless `LND_SOFT_SINGLE_COPY` is `0`, `off`, `false` or `wire`
-    /// (`Off`) or `syscall` (`Syscall`).
+    /// (`Off`) or `syscall` (`Syscall`). Any other value but `1`, `on`, `true` and `auto` is
+    /// reported once on stderr and means `Auto`.
     pub fn from_env() -> SingleCopy {
-        SingleCopy::from_setting(std::env::var("LND_SOFT_SINGLE_COPY").ok().as_deref())
+        let value = std::env::var("LND_SOFT_SINGLE_COPY").ok();
+        SingleCopy::parse(value.as_deref()).unwrap_or_else(|| {
+            super::warn_unknown_setting(
+                "LND_SOFT_SINGLE_COPY",
+                value.as_deref(),
+                "1, auto, 0, off, wire or syscall",
+            );
+            SingleCopy::Auto
+        })
     }
 
-    /// The mode a value of `LND_SOFT_SINGLE_COPY` asks for (`None`: unset).
-    pub fn from_setting(value: Option<&str>) -> SingleCopy {
+    /// The mode a value of `LND_SOFT_SINGLE_COPY` asks for (`None` or empty: unset, `Auto`);
+    /// `None` for a value that names no mode.
+    pub fn parse(value: Option<&str>) -> Option<SingleCopy> {
         match value.map(str::trim) {
-            Some("0" | "off" | "false" | "wire") => SingleCopy::Off,
-            Some("syscall") => SingleCopy::Syscall,
-            _ => SingleCopy::Auto,
+            None | Some("" | "1" | "on" | "true" | "auto") => Some(SingleCopy::Auto),
+            Some("0" | "off" | "false" | "wire") => Some(SingleCopy::Off),
+            Some("syscall") => Some(SingleCopy::Syscall),
+            Some(_) => None,
         }
     }
 }
@@ -662,16 +673,20 @@ mod tests {
     #[test]
     fn the_environment_switch() {
         for (v, mode) in [
-            (None, SingleCopy::Auto),
-            (Some("1"), SingleCopy::Auto),
-            (Some("wire"), SingleCopy::Off),
-            (Some("on"), SingleCopy::Auto),
-            (Some("0"), SingleCopy::Off),
-            (Some(" off "), SingleCopy::Off),
-            (Some("false"), SingleCopy::Off),
-            (Some("syscall"), SingleCopy::Syscall),
+            (None, Some(SingleCopy::Auto)),
+            (Some(""), Some(SingleCopy::Auto)),
+            (Some("1"), Some(SingleCopy::Auto)),
+            (Some("auto"), Some(SingleCopy::Auto)),
+            (Some("wire"), Some(SingleCopy::Off)),
+            (Some("on"), Some(SingleCopy::Auto)),
+            (Some("0"), Some(SingleCopy::Off)),
+            (Some(" off "), Some(SingleCopy::Off)),
+            (Some("false"), Some(SingleCopy::Off)),
+            (Some("syscall"), Some(SingleCopy::Syscall)),
+            (Some("of"), None),
+            (Some("Syscall"), None),
         ] {
-            assert_eq!(SingleCopy::from_setting(v), mode, "{v:?}");
+            assert_eq!(SingleCopy::parse(v), mode, "{v:?}");
         }
     }
 }

@@ -37,18 +37,25 @@ pub enum Streaming {
 }
 
 impl Streaming {
-    /// The mode a value of `LND_SOFT_STREAMING` asks for: `off`/`0`, `always`, else `Auto`.
-    pub fn from_setting(value: Option<&str>) -> Streaming {
+    /// The mode a value of `LND_SOFT_STREAMING` asks for: `off`/`0`/`false`, `always`, or
+    /// `Auto` (unset, empty, `auto`, `on`, `1`, `true`); `None` for a value that names no mode.
+    pub fn parse(value: Option<&str>) -> Option<Streaming> {
         match value.map(str::trim) {
-            Some("0" | "off" | "false") => Streaming::Off,
-            Some("always") => Streaming::Always,
-            _ => Streaming::Auto,
+            None | Some("" | "1" | "on" | "true" | "auto") => Some(Streaming::Auto),
+            Some("0" | "off" | "false") => Some(Streaming::Off),
+            Some("always") => Some(Streaming::Always),
+            Some(_) => None,
         }
     }
 
-    /// The default: `LND_SOFT_STREAMING`, or `Auto` when unset.
+    /// The default: `LND_SOFT_STREAMING`, or `Auto` when unset. A value that names no mode is
+    /// reported once on stderr and means `Auto`.
     pub fn from_env() -> Streaming {
-        Streaming::from_setting(std::env::var("LND_SOFT_STREAMING").ok().as_deref())
+        let value = std::env::var("LND_SOFT_STREAMING").ok();
+        Streaming::parse(value.as_deref()).unwrap_or_else(|| {
+            super::warn_unknown_setting("LND_SOFT_STREAMING", value.as_deref(), "auto, off or always");
+            Streaming::Auto
+        })
     }
 }
 
@@ -270,10 +277,12 @@ mod tests {
 
     #[test]
     fn settings_name_the_modes() {
-        assert_eq!(Streaming::from_setting(None), Streaming::Auto);
-        assert_eq!(Streaming::from_setting(Some("auto")), Streaming::Auto);
-        assert_eq!(Streaming::from_setting(Some(" off ")), Streaming::Off);
-        assert_eq!(Streaming::from_setting(Some("0")), Streaming::Off);
-        assert_eq!(Streaming::from_setting(Some("always")), Streaming::Always);
+        assert_eq!(Streaming::parse(None), Some(Streaming::Auto));
+        assert_eq!(Streaming::parse(Some("auto")), Some(Streaming::Auto));
+        assert_eq!(Streaming::parse(Some("")), Some(Streaming::Auto));
+        assert_eq!(Streaming::parse(Some(" off ")), Some(Streaming::Off));
+        assert_eq!(Streaming::parse(Some("0")), Some(Streaming::Off));
+        assert_eq!(Streaming::parse(Some("always")), Some(Streaming::Always));
+        assert_eq!(Streaming::parse(Some("allways")), None);
     }
 }
