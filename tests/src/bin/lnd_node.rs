@@ -136,7 +136,7 @@ fn parse() -> Result<Args, String> {
         keep_going: false,
         loss: 0.0,
         nis: 1,
-        copy_helper: CopyHelper::for_this_machine(),
+        copy_helper: CopyHelper::from_env(),
         streaming: Streaming::from_env(),
     };
     while let Some(flag) = it.next() {

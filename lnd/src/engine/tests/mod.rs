@@ -14,7 +14,7 @@ use lnet_shim::nid::{Nid, ProcessId};
 
 use super::{Engine, EngineConfig};
 use crate::fabric::Device;
-use crate::fabric::soft::{DirFaults, FaultConfig, SimNet, SingleCopy, SoftConfig, SoftDevice};
+use crate::fabric::soft::{CopyHelper, DirFaults, FaultConfig, SimNet, SingleCopy, SoftConfig, SoftDevice};
 use crate::rng::Rng;
 use crate::time::Instant;
 use crate::tunables::Tunables;
@@ -743,6 +743,29 @@ pub(crate) fn assert_write_path(sim: &Sim) {
             assert_eq!((placed, sent), (0, 0), "seed {}: WRITEs placed with LND_SOFT_SINGLE_COPY=0", sim.seed)
         }
     }
+    // Copies left running on the copy engine: with `LND_SOFT_COPY_HELPER=always` every copy the
+    // helper took part in ran on it while the device went on; otherwise none (on the virtual
+    // clock `Auto` never leaves one running).
+    let split: u64 = sim.nodes.iter().map(|n| n.engine.device().stats().placed_split).sum();
+    let overlapped = copies_left_running(sim);
+    let want = if CopyHelper::from_env() == CopyHelper::Always { split } else { 0 };
+    assert_eq!(overlapped, want, "seed {}: copies left running ({} split)", sim.seed, split);
+}
+
+/// The copies the simulated devices left running on their copy engines.
+fn copies_left_running(sim: &Sim) -> u64 {
+    sim.nodes.iter().map(|n| n.engine.device().stats().placed_overlapped).sum()
+}
+
+/// With `LND_SOFT_COPY_HELPER=always` on the mapped path, a workload with WRITEs of 256 KiB
+/// and more must have left copies running (CI runs the simulations so).
+fn assert_copies_ran(sim: &Sim) {
+    let mapped = SingleCopy::from_env() == SingleCopy::Auto && lnet_shim::arena::arena().is_some();
+    if mapped && CopyHelper::from_env() == CopyHelper::Always {
+        let n = copies_left_running(sim);
+        assert!(n > 0, "seed {}: no copy was left running with LND_SOFT_COPY_HELPER=always", sim.seed);
+        println!("{n} copies left running on the copy engines");
+    }
 }
 
 /// Lets keepalives return every owed credit, then checks credits and descriptors are home.
@@ -771,6 +794,7 @@ fn ten_thousand_mixed_transfers_between_two_engines_every_byte_verified() {
     w.run(&mut sim, 20_000_000);
     assert_eq!((w.verified, w.failed), (10_000, 0), "seed {s}");
     assert_write_path(&sim);
+    assert_copies_ran(&sim);
     settle_and_check(&mut sim);
 }
 
@@ -790,6 +814,7 @@ fn mixed_transfers_among_eight_engines_every_byte_verified() {
     w.run(&mut sim, 20_000_000);
     assert_eq!((w.verified, w.failed), (10_000, 0), "seed {s}");
     assert_write_path(&sim);
+    assert_copies_ran(&sim);
     settle_and_check(&mut sim);
 }
 

@@ -84,6 +84,30 @@ impl CopyHelper {
             CopyHelper::Off
         }
     }
+
+    /// The mode a value of `LND_SOFT_COPY_HELPER` asks for: `off`/`0`/`false`, `always`, or
+    /// (unset, empty, `auto`, `on`, `1`, `true`) [`CopyHelper::for_this_machine`]; `None` for
+    /// a value that names no mode.
+    pub fn parse(value: Option<&str>) -> Option<CopyHelper> {
+        match value.map(str::trim) {
+            None | Some("" | "1" | "on" | "true" | "auto") => Some(CopyHelper::for_this_machine()),
+            Some("0" | "off" | "false") => Some(CopyHelper::Off),
+            Some("always") => Some(CopyHelper::Always),
+            Some(_) => None,
+        }
+    }
+
+    /// The default: `LND_SOFT_COPY_HELPER`, else [`CopyHelper::for_this_machine`]. With
+    /// `always`, whole suites run with every large same-host copy left running on the helper
+    /// (CI runs the engine simulations so). A value that names no mode is reported once on
+    /// stderr and means the machine's default.
+    pub fn from_env() -> CopyHelper {
+        let value = std::env::var("LND_SOFT_COPY_HELPER").ok();
+        CopyHelper::parse(value.as_deref()).unwrap_or_else(|| {
+            super::warn_unknown_setting("LND_SOFT_COPY_HELPER", value.as_deref(), "auto, off or always");
+            CopyHelper::for_this_machine()
+        })
+    }
 }
 
 /// One contiguous piece of a copy.
@@ -485,6 +509,23 @@ fn helper(shared: &Shared, spin: Duration) {
 mod tests {
     use super::*;
     use crate::rng::Rng;
+
+    #[test]
+    fn the_environment_switch_names_the_modes() {
+        let machine = CopyHelper::for_this_machine();
+        for (v, want) in [
+            (None, Some(machine)),
+            (Some(""), Some(machine)),
+            (Some("auto"), Some(machine)),
+            (Some("1"), Some(machine)),
+            (Some(" off "), Some(CopyHelper::Off)),
+            (Some("0"), Some(CopyHelper::Off)),
+            (Some("always"), Some(CopyHelper::Always)),
+            (Some("allways"), None),
+        ] {
+            assert_eq!(CopyHelper::parse(v), want, "{v:?}");
+        }
+    }
 
     /// Random gather lists of random sizes around the split threshold, through the helper
     /// and without it, with ordinary and streaming stores; every byte lands where it belongs,

@@ -171,7 +171,8 @@ pub struct SoftConfig {
     pub single_copy: SingleCopy,
     /// Whether the same-host path copies large WRITEs (256 KiB and up) on two cores, with a
     /// helper thread the device starts on first use (its copy engine, [`copier`]). The
-    /// default: [`CopyHelper::for_this_machine`].
+    /// default: [`CopyHelper::from_env`] (`Auto` on more than one CPU, unless
+    /// `LND_SOFT_COPY_HELPER` says `off` or `always`).
     pub copy_helper: CopyHelper,
     /// How long the copy engine's idle helper keeps looking for work before it parks (the
     /// driver sets it to the `busy_poll_usec` tunable; 0 parks at once).
@@ -202,7 +203,7 @@ impl Default for SoftConfig {
             max_inflight: 256,
             udp_port: packet::ROCEV2_UDP_PORT,
             single_copy: SingleCopy::from_env(),
-            copy_helper: CopyHelper::for_this_machine(),
+            copy_helper: CopyHelper::from_env(),
             helper_spin: Duration::from_micros(200),
             streaming: Streaming::from_env(),
             port_addr: None,
