@@ -297,7 +297,7 @@ fn unreachable_hint(e: &str, rpcs: u64, to: &Nid, common: &Common) -> String {
         return e.to_owned();
     }
     let on = match common.fabric {
-        Fabric::Soft => format!(" with --port {}", common.port),
+        Fabric::Soft => format!(" --port {}", common.port),
         _ => String::new(),
     };
     format!("{e}; no RPC completed: is `lnd-bench server --nid {to}{on}` running?")

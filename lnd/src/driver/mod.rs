@@ -109,7 +109,7 @@ impl DriverConfig {
 #[non_exhaustive]
 pub enum DriverError {
     /// The fabric device could not be opened.
-    #[error("cannot open the fabric for {nid}: {source}")]
+    #[error("cannot open the fabric: {source}")]
     Fabric {
         /// The interface.
         nid: Nid,
@@ -117,8 +117,9 @@ pub enum DriverError {
         #[source]
         source: FabricError,
     },
-    /// The engine refused the configuration.
-    #[error("cannot start the LND on {nid}: {source}")]
+    /// The engine refused the configuration (its error names the cause; LNet's own error
+    /// around this one names the interface).
+    #[error("{source}")]
     Engine {
         /// The interface.
         nid: Nid,

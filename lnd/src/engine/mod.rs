@@ -111,6 +111,12 @@ pub enum EngineError {
         /// The port address.
         port: crate::fabric::PortAddr,
     },
+    /// The NID is not on an `o2ib` network: o2iblnd drives only those (LND type 5).
+    #[error("NID {nid} is not on an o2ib network (o2iblnd drives o2ib networks only, e.g. {}@o2ib)", nid.addr())]
+    NotO2ib {
+        /// The NID.
+        nid: Nid,
+    },
 }
 
 /// Counters of one engine.
@@ -304,6 +310,9 @@ impl<D: Device> Engine<D> {
         // The CM names every port by its IPv4 address, this one too: on RoCE that is the port's
         // GID, on InfiniBand it is not (the port's GID is its GUID's), so the check asks the
         // device whether the NID's address is its own rather than comparing GIDs.
+        if cfg.nid.net().net_type() != Some(lnet_shim::nid::NetType::O2ib) {
+            return Err(EngineError::NotO2ib { nid: cfg.nid });
+        }
         let port = dev.query_port();
         let mine = dev.resolve(cfg.nid.addr())?;
         if !dev.owns_ipv4(cfg.nid.addr()) {

@@ -60,6 +60,19 @@ fn infiniband_ports_are_named_by_their_ip_not_their_gid() {
         Err(e) => panic!("seed {s}: {e}"),
         Ok(_) => panic!("seed {s}: an engine started on a NID that is not its port's"),
     }
+    // And so is a NID on another kind of network, at the port's own address.
+    let dev = SoftDevice::open_sim(&sim.net, ip(7), SoftConfig::default());
+    let tcp: Nid = "10.0.0.8@tcp".parse().expect("a tcp NID");
+    assert_eq!(tcp.addr(), ip(7), "the port's address");
+    let cfg = EngineConfig::new(tcp, tunables(), 1, s);
+    match Engine::new(dev, cfg, Arc::new(TestLnet::default())) {
+        Err(e @ EngineError::NotO2ib { nid: n }) => {
+            assert_eq!(n, tcp);
+            assert!(e.to_string().contains("10.0.0.8@o2ib"), "{e}");
+        }
+        Err(e) => panic!("seed {s}: {e}"),
+        Ok(_) => panic!("seed {s}: an engine started on a tcp NID"),
+    }
 }
 
 /// The second port of a dual-port HCA: the QP is moved to INIT on the port the device drives,
