@@ -98,8 +98,11 @@ pub struct Credits<T> {
     noops_posted: u32,
     /// The lowest `credits` has been since creation.
     min_credits: u32,
-    /// Times a credited send had to wait for a credit.
+    /// Times credited sends ran out of credits: counted when a send finds none, once until
+    /// the peer returns some (however often the queue is looked at meanwhile).
     stalls: u64,
+    /// A credited send is waiting for a credit (counted in `stalls` already).
+    stalled: bool,
     rsrvd: VecDeque<T>,
     queue: VecDeque<T>,
     nocred: VecDeque<T>,
@@ -125,7 +128,7 @@ pub struct CreditCounters {
     pub noops_posted: u32,
     /// Lowest credit count seen.
     pub min_credits: u32,
-    /// Times a credited send waited for a credit.
+    /// Times credited sends ran out of credits (once per wait for the peer's credits).
     pub stalls: u64,
     /// Transmits queued.
     pub queued: usize,
@@ -150,6 +153,7 @@ impl<T> Credits<T> {
             noops_posted: 0,
             min_credits: q,
             stalls: 0,
+            stalled: false,
             rsrvd: VecDeque::new(),
             queue: VecDeque::new(),
             nocred: VecDeque::new(),
@@ -255,7 +259,10 @@ impl<T> Credits<T> {
             return Next::Stop;
         }
         if self.credits == 0 {
-            self.stalls += 1;
+            if !self.stalled {
+                self.stalled = true;
+                self.stalls += 1;
+            }
             return Next::Stop;
         }
         let Some(tx) = self.queue.pop_front() else { return Next::Stop };
@@ -294,6 +301,7 @@ impl<T> Credits<T> {
         match self.credits.checked_add(n) {
             Some(c) if c <= self.queue_depth => {
                 self.credits = c;
+                self.stalled = false;
                 Ok(())
             }
             _ => Err(CreditOverflow { returned: n, have: self.credits, queue_depth: self.queue_depth }),
@@ -362,8 +370,15 @@ mod tests {
         assert!(posted.iter().all(|p| p.2));
         assert_eq!(c.counters().credits, 0);
         assert_eq!(c.counters().stalls, 1);
+        // Looking again before the peer returns credits is the same wait.
+        assert!(post_all(&mut c, false, &mut n).is_empty());
+        assert_eq!(c.counters().stalls, 1);
+        c.credits_returned(1).unwrap();
+        assert_eq!(post_all(&mut c, false, &mut n).iter().map(|p| p.0).collect::<Vec<_>>(), [4]);
+        assert_eq!(c.counters().stalls, 2, "out of credits again: a second wait");
         c.credits_returned(2).unwrap();
-        assert_eq!(post_all(&mut c, false, &mut n).iter().map(|p| p.0).collect::<Vec<_>>(), [4, 5]);
+        assert_eq!(post_all(&mut c, false, &mut n).iter().map(|p| p.0).collect::<Vec<_>>(), [5]);
+        assert_eq!(c.counters().stalls, 2, "the queue emptied with a credit left: no wait");
         assert_eq!(c.counters().min_credits, 0);
     }
 
