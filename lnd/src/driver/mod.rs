@@ -9,10 +9,12 @@
 //! interface sleeps (after [`crate::fabric::Device::prepare_to_sleep`], so that same-host
 //! peers writing to shared memory ring its doorbell). LNet's calls ([`Lnd::send`],
 //! [`Lnd::close_peer`], queries) arrive on a lock-free queue (`crossbeam-queue`) and wake it;
-//! upcalls into LNet run on it. The queue is taken between the two halves of each turn's
-//! engine poll ([`Engine::poll_completions`], [`Engine::poll_finish`]): after the completions,
-//! whose upcalls may have sent (a reply made in an event callback), and before the transmit,
-//! so such a send leaves in the same turn.
+//! upcalls into LNet run on it. A send made on the scheduler thread itself (a reply made in an
+//! event callback) goes to a thread-local queue instead, which the engine empties right after
+//! the receive whose upcall made it ([`Engine::set_early_sends`]): the reply is posted before
+//! the turn's other completions are handled. The shared queue is taken between the two halves
+//! of each turn's engine poll ([`Engine::poll_completions`], [`Engine::poll_finish`]), so
+//! anything else queued meanwhile also leaves in the same turn.
 //!
 //! Completion queues are handled the way verbs consumers must: on a CQ fd event the engine
 //! consumes the notification, drains the CQ in batches, re-arms it and drains it once more.
@@ -191,6 +193,19 @@ fn pop_local() -> Option<Cmd> {
     LOCAL.with(|q| q.borrow_mut().pop_front())
 }
 
+/// The sends at the head of this thread's own queue ([`Engine::set_early_sends`]'s hook):
+/// anything behind another command stays, in order.
+fn early_sends(out: &mut Vec<LndSend>) {
+    LOCAL.with(|q| {
+        let mut q = q.borrow_mut();
+        while matches!(q.front(), Some(Cmd::Send(_))) {
+            if let Some(Cmd::Send(msg)) = q.pop_front() {
+                out.push(msg);
+            }
+        }
+    });
+}
+
 fn local_is_empty() -> bool {
     LOCAL.with(|q| q.borrow().is_empty())
 }
@@ -293,10 +308,10 @@ impl Driver {
             let mut ecfg = EngineConfig::new(nid, tunables, incarnation, shard_seed);
             ecfg.cm_id_partition = (i as u32, n as u32);
             let device = Shard::new(dev.clone(), i, router.clone());
-            engines.push(
-                Engine::new(device, ecfg, upcalls.clone())
-                    .map_err(|source| DriverError::Engine { nid, source })?,
-            );
+            let mut engine = Engine::new(device, ecfg, upcalls.clone())
+                .map_err(|source| DriverError::Engine { nid, source })?;
+            engine.set_early_sends(early_sends);
+            engines.push(engine);
         }
         let mut driver = Driver { nid, stopping: AtomicBool::new(false), schedulers: Vec::new(), soft: None };
         for (i, ((engine, poll), waker)) in engines.into_iter().zip(polls).zip(wakers).enumerate() {
@@ -496,7 +511,8 @@ impl<D: Device> Scheduler<D> {
             let now = self.clock.now();
             // LNet's sends are taken between the two halves of the engine's poll: after the
             // completions (whose upcalls may have queued replies on this thread), before the
-            // transmit, so a reply made in an event callback leaves in the same turn.
+            // transmit, so a send queued by an upcall this turn leaves in it (a reply made by
+            // a receive's upcall has left already: `Engine::set_early_sends`).
             let turn = self.engine.poll_completions(now);
             self.take_commands(now, &mut shutdown_deadline);
             let worked = self.engine.poll_finish(now, turn);
@@ -660,5 +676,48 @@ impl<D: Device> Scheduler<D> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use lnet_shim::frags::Frags;
+    use lnet_shim::hdr::{LnetHdr, LnetMsg, PutMsg, WireHandle};
+    use lnet_shim::nid::ProcessId;
+
+    use super::*;
+
+    fn send(token: u64) -> Cmd {
+        let nid = Nid::o2ib(std::net::Ipv4Addr::new(10, 0, 0, 1));
+        let hdr = LnetHdr {
+            dest: ProcessId::new(nid, ProcessId::PID_LUSTRE),
+            src: ProcessId::new(nid, ProcessId::PID_LUSTRE),
+            payload_length: 0,
+            msg: LnetMsg::Put(PutMsg {
+                ack_wmd: WireHandle::NONE,
+                match_bits: token,
+                hdr_data: 0,
+                ptl_index: 4,
+                offset: 0,
+            }),
+        };
+        Cmd::Send(LndSend { target: nid, hdr, payload: Frags::new(), get_sink: None, token })
+    }
+
+    /// The engine's hook takes the sends at the head of the thread's own queue, in order, and
+    /// leaves everything from the first other command on where it was.
+    #[test]
+    fn early_sends_take_the_leading_sends_only() {
+        let nid = Nid::o2ib(std::net::Ipv4Addr::new(10, 0, 0, 2));
+        LOCAL.with(|q| q.borrow_mut().extend([send(1), send(2), Cmd::ClosePeer(nid), send(3)]));
+        let mut out = Vec::new();
+        early_sends(&mut out);
+        assert_eq!(out.iter().map(|s| s.token).collect::<Vec<_>>(), [1, 2]);
+        early_sends(&mut out);
+        assert_eq!(out.len(), 2, "nothing past the ClosePeer");
+        assert!(matches!(pop_local(), Some(Cmd::ClosePeer(n)) if n == nid));
+        early_sends(&mut out);
+        assert_eq!(out.iter().map(|s| s.token).collect::<Vec<_>>(), [1, 2, 3]);
+        assert!(local_is_empty());
     }
 }

@@ -10,7 +10,9 @@
 //! * [`Engine::take_fd_changes`] after `poll` to learn which CQ fds to (un)register;
 //!
 //! and receives upcalls ([`LndUpcalls`]) from inside `poll` and `send`. Upcalls must not call back
-//! into the engine (the driver queues their `Lnd::send` calls).
+//! into the engine (the driver queues their `Lnd::send` calls); a driver that keeps the sends
+//! its upcalls make in a queue of its own hands them over right after the receive that made
+//! them through [`Engine::set_early_sends`], and they are posted then.
 //!
 //! Guarantees: every send `send` accepted is reported exactly once through `send_done`, every
 //! accepted receive exactly once through `recv_done` — on success, on timeout (the whole
@@ -134,7 +136,8 @@ pub struct EngineStats {
     pub rdma_bytes: u64,
     /// NOOPs posted.
     pub noops: u64,
-    /// Times a send waited for a credit.
+    /// Times a connection's credited sends ran out of credits (once per wait for the
+    /// peer's credits, [`crate::credits::CreditCounters::stalls`]).
     pub credit_stalls: u64,
     /// Connections established.
     pub conns_established: u64,
@@ -285,6 +288,10 @@ pub struct Engine<D: Device> {
     deferred_tx: Vec<Wc>,
     /// Set while [`Engine::poll_completions`] reaps: successful send completions wait.
     defer_tx: bool,
+    /// Where the sends an upcall made on this thread wait (the driver's hook,
+    /// [`Engine::set_early_sends`]): taken right after the receive that made them.
+    early_sends: Option<fn(&mut Vec<LndSend>)>,
+    early_buf: Vec<LndSend>,
     /// Inside [`Engine::drain_cq`]: completions are being handled in order already.
     reaping: bool,
     scratch: Vec<u8>,
@@ -367,6 +374,8 @@ impl<D: Device> Engine<D> {
             wcs: vec![Wc::default(); WC_BATCH],
             deferred_tx: Vec::new(),
             defer_tx: false,
+            early_sends: None,
+            early_buf: Vec::new(),
             reaping: false,
             scratch: vec![0u8; IBLND_MSG_SIZE],
             work: 0,
@@ -519,6 +528,37 @@ impl<D: Device> Engine<D> {
         let _ = self.dev.progress(now);
         self.take_signalled();
         self.activity() != turn.before
+    }
+
+    /// Installs the driver's hook for sends an upcall queued on this thread (a reply an event
+    /// callback sent): it moves them into its argument, in their order, and leaves anything
+    /// else queued. The engine takes them right after the receive whose upcall made them and
+    /// launches them at once, so a reply leaves before the rest of the turn's completions and
+    /// bookkeeping.
+    pub fn set_early_sends(&mut self, hook: fn(&mut Vec<LndSend>)) {
+        self.early_sends = Some(hook);
+    }
+
+    /// Takes the sends the upcalls of a receive made ([`Engine::set_early_sends`]) and
+    /// launches them; the connections they went to post what their credits allow.
+    pub(super) fn take_early_sends(&mut self, now: Instant) {
+        let Some(hook) = self.early_sends else { return };
+        let mut sends = std::mem::take(&mut self.early_buf);
+        hook(&mut sends);
+        if sends.is_empty() {
+            self.early_buf = sends;
+            return;
+        }
+        for msg in sends.drain(..) {
+            let token = msg.token;
+            if let Err(e) = self.send(now, msg) {
+                self.upcalls.send_done(token, Err(e));
+            }
+        }
+        self.early_buf = sends;
+        while let Some(key) = self.dirty.pop_first() {
+            self.check_sends(now, key);
+        }
     }
 
     /// Handles the send completions [`Engine::poll_completions`] set aside, in their order.

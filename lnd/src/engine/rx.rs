@@ -64,6 +64,7 @@ impl<D: Device> Engine<D> {
                 }
                 conn.credits.rx_reposted(rule);
                 self.dirty.insert(key);
+                self.take_early_sends(now);
             }
             After::Defer => self.waiting.push_back(Waiting::Rx(key, generation, rx, len)),
             After::Closed => {}

@@ -365,6 +365,7 @@ pub(crate) fn split(buf: &Arc<Buffer>, off: usize, len: usize, pieces: usize, rn
 
 mod admission;
 mod connect;
+mod early;
 mod hostile;
 mod ports;
 mod reaping;
