@@ -314,12 +314,12 @@ impl<D: Device> Engine<D> {
     /// Starts an interface on `dev`: allocates the PD and the transmit pool (`ntx` message
     /// buffers) and listens on the `service` port.
     pub fn new(dev: D, cfg: EngineConfig, upcalls: Arc<dyn LndUpcalls>) -> Result<Engine<D>, EngineError> {
-        // The CM names every port by its IPv4 address, this one too: on RoCE that is the port's
-        // GID, on InfiniBand it is not (the port's GID is its GUID's), so the check asks the
-        // device whether the NID's address is its own rather than comparing GIDs.
         if cfg.nid.net().net_type() != Some(lnet_shim::nid::NetType::O2ib) {
             return Err(EngineError::NotO2ib { nid: cfg.nid });
         }
+        // The CM names every port by its IPv4 address, this one too: on RoCE that is the port's
+        // GID, on InfiniBand it is not (the port's GID is its GUID's), so the check asks the
+        // device whether the NID's address is its own rather than comparing GIDs.
         let port = dev.query_port();
         let mine = dev.resolve(cfg.nid.addr())?;
         if !dev.owns_ipv4(cfg.nid.addr()) {
