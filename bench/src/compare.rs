@@ -272,6 +272,12 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     if let Some(&big) = args.sizes.iter().find(|&&s| s > 64 << 20) {
         return Err(format!("--sizes: {big} bytes is more than 64M"));
     }
+    if !args.concurrencies.contains(&args.concurrency) {
+        return Err(format!(
+            "--concurrency {} (the brw runs set against the peers) is not among --concurrencies {:?}",
+            args.concurrency, args.concurrencies
+        ));
+    }
     let local = LocalArgs {
         tunables: args.tunables.clone(),
         fabric: Fabric::Soft,
@@ -292,6 +298,16 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     let base = 20_000 + (crate::seed() % 20_000) as u16;
     let have_ucx = installed("ucx_perftest");
     let have_iperf = installed("iperf3");
+    for (have, program, package) in
+        [(have_ucx, "ucx_perftest", "ucx-utils"), (have_iperf, "iperf3", "iperf3")]
+    {
+        if !have {
+            eprintln!(
+                "lnd-bench compare: {program} is not installed, so its rows say `not run` \
+                 (Debian: apt-get install {package})"
+            );
+        }
+    }
     let duration = Duration::from_secs_f64(args.duration.max(0.1));
     let c = args.concurrency;
     println!();
