@@ -458,6 +458,19 @@ impl RingRx {
         self.map.u32_at(OFF_SLEEPING).store(0, Ordering::Relaxed);
         self.map.u32_at(OFF_RUNG).store(0, Ordering::Release);
     }
+
+    /// A doorbell for this ring was read, perhaps not by the thread that got ready to sleep
+    /// (a device driven by several schedulers: any of them reads the socket, one sleeps on
+    /// it). The doorbell is spent: `rung` is cleared, so that the next frame rings again
+    /// while the consumer still says it may sleep, and the caller must look at the ring after
+    /// this. Without it, the frames after a doorbell another thread took would wait for the
+    /// sleeper's own timer. The swap reads the producer's `rung` with acquire ordering, so
+    /// every record stamped before that doorbell was rung is visible to the look that
+    /// follows; a record stamped later either is seen by that look or finds `rung` clear.
+    pub(crate) fn doorbell_heard(&self) {
+        self.map.u32_at(OFF_RUNG).swap(0, Ordering::AcqRel);
+        fence(Ordering::SeqCst);
+    }
 }
 
 /// Parses a doorbell datagram: the ring's nonce.
@@ -635,6 +648,27 @@ mod tests {
         assert_eq!(parse_doorbell(&doorbell(tx.nonce())), Some(0x5eed));
         assert_eq!(parse_doorbell(&doorbell(1)[..15]), None);
         assert_eq!(parse_doorbell(b"LNDBELL2\0\0\0\0\0\0\0\0"), None);
+    }
+
+    /// A doorbell read by a thread other than the sleeper (a device driven by several
+    /// schedulers) is spent: the next frame rings again while the sleeper still sleeps.
+    /// Without `doorbell_heard` the second push would not ring, and its frame would wait for
+    /// the sleeper's timer.
+    #[test]
+    fn a_doorbell_another_thread_read_lets_the_next_frame_ring_again() {
+        let (mut tx, mut rx) = pair("heard");
+        assert!(rx.prepare_to_sleep());
+        assert_eq!(tx.push(b"a"), Pushed::RingDoorbell);
+        assert_eq!(tx.push(b"b"), Pushed::Queued, "rung already, not yet heard");
+        // The other thread reads the doorbell, then the ring.
+        rx.doorbell_heard();
+        let mut buf = [0u8; 8];
+        let mut got = 0;
+        while rx.pop(&mut buf).unwrap().is_some() {
+            got += 1;
+        }
+        assert_eq!(got, 2, "every frame stamped before the doorbell was heard is seen");
+        assert_eq!(tx.push(b"c"), Pushed::RingDoorbell, "the sleeper still sleeps: ring again");
     }
 
     #[test]

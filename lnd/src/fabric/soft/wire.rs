@@ -181,6 +181,10 @@ pub struct UdpWire {
     edge_driven: bool,
     /// Edge-driven and the socket was found empty since the last edge.
     drained: bool,
+    /// Between a [`Wire::prepare_to_sleep`] that said yes and the [`Wire::awake`] after it:
+    /// the consumer's rings say it may sleep, and a ring mapped meanwhile (by another thread
+    /// driving the device) must say so too.
+    asleep: bool,
     registry: Option<registry::Entry>,
     /// Same-host rings ([`super::ring`]): ours to each destination, and theirs to us.
     rings_tx: FastMap<Ipv4Addr, TxRoute>,
@@ -245,6 +249,7 @@ impl UdpWire {
             gro,
             edge_driven: false,
             drained: false,
+            asleep: false,
             registry: None,
             rings_tx: FastMap::default(),
             rings_rx: Vec::new(),
@@ -321,13 +326,16 @@ impl UdpWire {
         Some(())
     }
 
-    /// A doorbell from `src:src_port` for its ring with `nonce`: map the ring if it is new.
+    /// A doorbell from `src:src_port` for its ring with `nonce`: map the ring if it is new;
+    /// the doorbell is spent either way ([`RingRx::doorbell_heard`]), and the caller looks at
+    /// the rings next.
     fn on_doorbell(&mut self, src: Ipv4Addr, src_port: u16, nonce: u64) {
         if self.registry.is_none() || !src.is_loopback() || src_port != self.port {
             return;
         }
         if let Some(i) = self.rings_rx.iter().position(|(ip, _, _)| *ip == src) {
-            if self.rings_rx.get(i).is_some_and(|(_, _, r)| r.nonce() == nonce) {
+            if let Some((_, _, r)) = self.rings_rx.get(i).filter(|(_, _, r)| r.nonce() == nonce) {
+                r.doorbell_heard();
                 return;
             }
             self.rings_rx.swap_remove(i);
@@ -336,7 +344,15 @@ impl UdpWire {
             .map_err(|_| ring::RingError::NotARing)
             .and_then(|d| RingRx::open(&ring::ring_path(&d, src, src_port, self.ip), nonce));
         match opened {
-            Ok(r) => self.rings_rx.push((src, src_port, r)),
+            Ok(r) => {
+                r.doorbell_heard();
+                // Opening marks a ring awake; while the thread that sleeps on the socket is
+                // asleep, the ring must ring its doorbell instead, as the others do.
+                if self.asleep {
+                    r.prepare_to_sleep();
+                }
+                self.rings_rx.push((src, src_port, r));
+            }
             Err(_) => self.ring_stats.refused += 1,
         }
     }
@@ -594,6 +610,7 @@ impl Wire for UdpWire {
 
     fn prepare_to_sleep(&mut self) -> bool {
         if self.rings_rx.iter().all(|(_, _, r)| r.prepare_to_sleep()) {
+            self.asleep = true;
             return true;
         }
         self.awake();
@@ -601,6 +618,7 @@ impl Wire for UdpWire {
     }
 
     fn awake(&mut self) {
+        self.asleep = false;
         for (_, _, r) in &self.rings_rx {
             r.awake();
         }
