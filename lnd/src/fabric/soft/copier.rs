@@ -102,11 +102,12 @@ impl CopyHelper {
     /// (CI runs the engine simulations so). A value that names no mode is reported once on
     /// stderr and means the machine's default.
     pub fn from_env() -> CopyHelper {
-        let value = std::env::var("LND_SOFT_COPY_HELPER").ok();
-        CopyHelper::parse(value.as_deref()).unwrap_or_else(|| {
-            super::warn_unknown_setting("LND_SOFT_COPY_HELPER", value.as_deref(), "auto, off or always");
-            CopyHelper::for_this_machine()
-        })
+        super::setting_from_env(
+            "LND_SOFT_COPY_HELPER",
+            CopyHelper::parse,
+            "auto, off or always",
+            CopyHelper::for_this_machine,
+        )
     }
 }
 

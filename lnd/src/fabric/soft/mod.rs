@@ -95,16 +95,26 @@ use crate::fabric::{
 use crate::rng::Rng;
 use crate::time::Instant;
 
-/// Reports once per variable, on stderr, an environment setting whose value names no mode
-/// (the caller then uses its default), so a typo such as `LND_SOFT_SINGLE_COPY=of` is seen
-/// rather than silently meaning the default.
-fn warn_unknown_setting(var: &'static str, value: Option<&str>, expected: &str) {
+/// The mode the environment variable `var` names, by `parse` (which maps unset to the
+/// default); a value that names no mode is reported once per variable on stderr and means
+/// `fallback`, so a typo such as `LND_SOFT_SINGLE_COPY=of` is seen rather than silently
+/// meaning the default.
+fn setting_from_env<T>(
+    var: &'static str,
+    parse: fn(Option<&str>) -> Option<T>,
+    expected: &str,
+    fallback: impl FnOnce() -> T,
+) -> T {
     static WARNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    let mut warned = WARNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !warned.contains(&var) {
-        warned.push(var);
-        eprintln!("lnd: {var}={:?} is not one of {expected}; using auto", value.unwrap_or_default());
-    }
+    let value = std::env::var(var).ok();
+    parse(value.as_deref()).unwrap_or_else(|| {
+        let mut warned = WARNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !warned.contains(&var) {
+            warned.push(var);
+            eprintln!("lnd: {var}={:?} is not one of {expected}; using auto", value.unwrap_or_default());
+        }
+        fallback()
+    })
 }
 
 /// Resource limits of a software device, like those of a real HCA.

@@ -133,15 +133,12 @@ impl SingleCopy {
     /// (`Off`) or `syscall` (`Syscall`). Any other value but `1`, `on`, `true` and `auto` is
     /// reported once on stderr and means `Auto`.
     pub fn from_env() -> SingleCopy {
-        let value = std::env::var("LND_SOFT_SINGLE_COPY").ok();
-        SingleCopy::parse(value.as_deref()).unwrap_or_else(|| {
-            super::warn_unknown_setting(
-                "LND_SOFT_SINGLE_COPY",
-                value.as_deref(),
-                "1, auto, 0, off, wire or syscall",
-            );
-            SingleCopy::Auto
-        })
+        super::setting_from_env(
+            "LND_SOFT_SINGLE_COPY",
+            SingleCopy::parse,
+            "1, auto, 0, off, wire or syscall",
+            || SingleCopy::Auto,
+        )
     }
 
     /// The mode a value of `LND_SOFT_SINGLE_COPY` asks for (`None` or empty: unset, `Auto`);

@@ -51,9 +51,7 @@ impl Streaming {
     /// The default: `LND_SOFT_STREAMING`, or `Auto` when unset. A value that names no mode is
     /// reported once on stderr and means `Auto`.
     pub fn from_env() -> Streaming {
-        let value = std::env::var("LND_SOFT_STREAMING").ok();
-        Streaming::parse(value.as_deref()).unwrap_or_else(|| {
-            super::warn_unknown_setting("LND_SOFT_STREAMING", value.as_deref(), "auto, off or always");
+        super::setting_from_env("LND_SOFT_STREAMING", Streaming::parse, "auto, off or always", || {
             Streaming::Auto
         })
     }
