@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::cm::ip_cm::{PortSpace, ip_service_id};
-use crate::cm::mad::{Dreq, MessageMraed, MessageRejected, Mra, Req, RoceReqParams, cm_tid};
+use crate::cm::mad::{Dreq, MessageMraed, MessageRejected, Mra, Req, RoceReqParams, TransportType, cm_tid};
 
 const A: usize = 0;
 const B: usize = 1;
