@@ -48,12 +48,15 @@
 //! at a time, alone while the device returns to its caller; the next `progress` concludes
 //! that copy before it receives anything else. The helper parks when idle.
 
+mod batch;
+mod config;
 pub mod copier;
 pub use copier::CopyHelper;
 pub mod cq;
 pub mod fault;
 pub(crate) mod live;
 pub mod mem;
+mod objects;
 pub mod packet;
 pub mod peer_arena;
 pub mod place;
@@ -71,7 +74,6 @@ use std::net::Ipv4Addr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Duration;
 
 use lnet_shim::hash::FastMap;
 
@@ -82,6 +84,11 @@ pub use place::{LocalPeer, SingleCopy};
 pub use sim::{SimNet, SimPort};
 pub use wire::{UdpWire, Wire};
 
+use self::batch::TxBatch;
+pub(crate) use self::config::setting_from_env;
+pub use self::config::{SoftConfig, SoftLimits};
+pub use self::objects::{SoftMr, SoftPd, SoftQp};
+
 use self::cq::CqShared;
 use self::fault::FaultyWire;
 use self::mem::MrTable;
@@ -89,138 +96,11 @@ use self::packet::{Bth, Deth, Headers, IcrcMeta, Opcode, PacketError};
 use self::place::Placement;
 use self::rc::{Completion, CqSel, PlaceCtx, RcQp};
 use crate::fabric::{
-    Access, AsyncEvent, Device, DeviceAttr, FabricError, FabricStats, Mad, MemoryRegion, Mtu, PortAddr,
-    PortAttr, PortState, ProtectionDomain, QpCaps, QpInitAttr, QpModify, QpState, QueuePair, RecvWr, SendWr,
+    Access, AsyncEvent, Device, DeviceAttr, FabricError, FabricStats, Mad, Mtu, PortAddr, PortAttr,
+    PortState, QpCaps, QpInitAttr, QpState,
 };
 use crate::rng::Rng;
 use crate::time::Instant;
-
-/// The mode the environment variable `var` names, by `parse` (which maps unset to the
-/// default); a value that names no mode is reported once per variable on stderr and means
-/// `fallback`, so a typo such as `LND_SOFT_SINGLE_COPY=of` is seen rather than silently
-/// meaning the default.
-fn setting_from_env<T>(
-    var: &'static str,
-    parse: fn(Option<&str>) -> Option<T>,
-    expected: &str,
-    fallback: impl FnOnce() -> T,
-) -> T {
-    static WARNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    let value = std::env::var(var).ok();
-    parse(value.as_deref()).unwrap_or_else(|| {
-        let mut warned = WARNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !warned.contains(&var) {
-            warned.push(var);
-            eprintln!("lnd: {var}={:?} is not one of {expected}; using auto", value.unwrap_or_default());
-        }
-        fallback()
-    })
-}
-
-/// Resource limits of a software device, like those of a real HCA.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SoftLimits {
-    /// Maximum number of QPs.
-    pub max_qp: u32,
-    /// Maximum WRs per send or receive queue (requests above it are clamped).
-    pub max_qp_wr: u32,
-    /// Maximum SGEs per WR (requests above it are clamped).
-    pub max_sge: u32,
-    /// Maximum entries per CQ (requests above it are clamped).
-    pub max_cqe: u32,
-    /// Maximum number of CQs.
-    pub max_cq: u32,
-    /// Maximum number of memory regions (at most 65536).
-    pub max_mr: u32,
-    /// Maximum bytes per memory region.
-    pub max_mr_size: u64,
-    /// Maximum number of protection domains.
-    pub max_pd: u32,
-    /// Maximum inline bytes per send WR.
-    pub max_inline_data: u32,
-    /// Work-queue entries all QPs together may hold (send + receive): the HCA's memory.
-    pub wqe_budget: u64,
-}
-
-impl Default for SoftLimits {
-    fn default() -> SoftLimits {
-        SoftLimits {
-            max_qp: 16_384,
-            max_qp_wr: 16_384,
-            max_sge: 32,
-            max_cqe: 1 << 22,
-            max_cq: 16_384,
-            max_mr: 65_536,
-            max_mr_size: 1 << 40,
-            max_pd: 1024,
-            max_inline_data: 256,
-            wqe_budget: 1 << 26,
-        }
-    }
-}
-
-/// Configuration of a software device.
-#[derive(Clone, Debug)]
-pub struct SoftConfig {
-    /// Device name reported by [`Device::name`].
-    pub name: String,
-    /// Resource limits.
-    pub limits: SoftLimits,
-    /// The port's active MTU (the largest path MTU QPs can use).
-    pub mtu: Mtu,
-    /// Fault injection on the wire.
-    pub faults: FaultConfig,
-    /// Seed for QPNs, key bits and faults.
-    pub seed: u64,
-    /// Unacknowledged packets a QP may have in flight.
-    pub max_inflight: u32,
-    /// The UDP port of the fabric (4791, RoCEv2's; tests may choose another).
-    pub udp_port: u16,
-    /// Whether RDMA WRITEs to ports on the same host move with one copy ([`place`]). The
-    /// default is [`SingleCopy::from_env`]: `Auto` unless `LND_SOFT_SINGLE_COPY=0`.
-    pub single_copy: SingleCopy,
-    /// Whether the same-host path copies large WRITEs (256 KiB and up) on two cores, with a
-    /// helper thread the device starts on first use (its copy engine, [`copier`]). The
-    /// default: [`CopyHelper::from_env`] (`Auto` on more than one CPU, unless
-    /// `LND_SOFT_COPY_HELPER` says `off` or `always`).
-    pub copy_helper: CopyHelper,
-    /// How long the copy engine's idle helper keeps looking for work before it parks (the
-    /// driver sets it to the `busy_poll_usec` tunable; 0 parks at once).
-    pub helper_spin: Duration,
-    /// Whether the copy engine's large copies may use streaming (cache-bypassing) stores
-    /// ([`streaming`]). The default is [`Streaming::from_env`]: `Auto` unless
-    /// `LND_SOFT_STREAMING` says `off` or `always`.
-    pub streaming: Streaming,
-    /// The GID and LID [`Device::query_port`] reports. `None` (the default): the IPv4-mapped
-    /// GID of the device's address and the permissive LID, as a RoCEv2 port has. A value
-    /// presents the port the way an InfiniBand port looks (a GID and LID that are not its IP
-    /// address) while peers still reach it by its IP: the LND must then name ports by IP, never
-    /// by the port's GID, as it must on InfiniBand. Nothing else in the device changes.
-    pub port_addr: Option<PortAddr>,
-    /// The number of the port this device drives (1; 2 stands for the second port of a
-    /// dual-port HCA). A QP must be moved to INIT on this port, as on hardware.
-    pub port_num: u8,
-}
-
-impl Default for SoftConfig {
-    fn default() -> SoftConfig {
-        SoftConfig {
-            name: "soft0".to_owned(),
-            limits: SoftLimits::default(),
-            mtu: Mtu::Mtu4096,
-            faults: FaultConfig::NONE,
-            seed: crate::rng::os_seed(),
-            max_inflight: 256,
-            udp_port: packet::ROCEV2_UDP_PORT,
-            single_copy: SingleCopy::from_env(),
-            copy_helper: CopyHelper::from_env(),
-            helper_spin: Duration::from_micros(200),
-            streaming: Streaming::from_env(),
-            port_addr: None,
-            port_num: 1,
-        }
-    }
-}
 
 /// Frames received per `progress` call before yielding (the rest stay queued).
 const RX_BATCH: usize = 512;
@@ -236,112 +116,6 @@ const EVENT_QUEUE_MAX: usize = 4096;
 const MAX_FRAME: usize = 4096 + 128;
 /// Receive buffer: room for a UDP GRO batch of coalesced frames.
 const RX_BUFFER: usize = 65_536 + MAX_FRAME;
-
-/// Frames waiting to go out as one GSO send: consecutive frames to one destination, all of
-/// `seg` bytes except possibly the last. The buffer is allocated once at full size (a GSO batch
-/// plus one frame) and reused without re-zeroing; `used` bytes of it are frames.
-struct TxBatch {
-    buf: Vec<u8>,
-    used: usize,
-    dst: Option<Ipv4Addr>,
-    seg: usize,
-    count: usize,
-    /// A frame shorter than `seg` was added: nothing may follow it.
-    closed: bool,
-    /// The frames are unsealed (their ICRC not computed: [`Wire::send_unsealed`]).
-    unsealed: bool,
-}
-
-impl Default for TxBatch {
-    fn default() -> TxBatch {
-        TxBatch {
-            buf: vec![0u8; wire::MAX_GSO_BYTES + MAX_FRAME],
-            used: 0,
-            dst: None,
-            seg: 0,
-            count: 0,
-            closed: false,
-            unsealed: false,
-        }
-    }
-}
-
-impl TxBatch {
-    /// A batch with no buffer, left in the device while `transmit` borrows the real one (so
-    /// that borrowing it allocates and zero-fills nothing).
-    fn placeholder() -> TxBatch {
-        TxBatch { buf: Vec::new(), used: 0, dst: None, seg: 0, count: 0, closed: false, unsealed: false }
-    }
-
-    fn clear(&mut self) {
-        self.used = 0;
-        self.dst = None;
-        self.seg = 0;
-        self.count = 0;
-        self.closed = false;
-    }
-
-    /// Whether a frame of `len` bytes to `dst`, written at `start` (`unsealed` or not), can
-    /// join the batch.
-    fn fits(&self, dst: Ipv4Addr, len: usize, start: usize, unsealed: bool) -> bool {
-        self.count == 0
-            || (self.dst == Some(dst)
-                && self.unsealed == unsealed
-                && !self.closed
-                && len <= self.seg
-                && self.count < wire::MAX_GSO_SEGMENTS
-                && start + len <= wire::MAX_GSO_BYTES)
-    }
-
-    fn push(&mut self, dst: Ipv4Addr, len: usize, unsealed: bool) {
-        if self.count == 0 {
-            self.dst = Some(dst);
-            self.seg = len;
-            self.unsealed = unsealed;
-        } else if len < self.seg {
-            self.closed = true;
-        }
-        self.count += 1;
-    }
-
-    /// Sends the frames before byte `start` and moves the bytes after it to the front.
-    fn flush_before(&mut self, now: Instant, wire: &mut FaultyWire, start: usize) -> std::io::Result<()> {
-        let r = match (self.dst, self.buf.get_mut(..start)) {
-            (Some(dst), Some(frames)) if self.count > 0 && self.unsealed => {
-                wire.send_unsealed(now, dst, frames, self.seg)
-            }
-            (Some(dst), Some(frames)) if self.count > 0 => {
-                send_batch(now, wire, dst, frames, self.seg, self.count)
-            }
-            _ => Ok(()),
-        };
-        self.buf.copy_within(start..self.used, 0);
-        self.used -= start;
-        self.dst = None;
-        self.seg = 0;
-        self.count = 0;
-        self.closed = false;
-        self.unsealed = false;
-        r
-    }
-
-    fn flush_all(&mut self, now: Instant, wire: &mut FaultyWire) -> std::io::Result<()> {
-        let r = self.flush_before(now, wire, self.used);
-        self.clear();
-        r
-    }
-}
-
-fn send_batch(
-    now: Instant,
-    wire: &mut FaultyWire,
-    dst: Ipv4Addr,
-    frames: &[u8],
-    seg: usize,
-    count: usize,
-) -> std::io::Result<()> {
-    if count == 1 { wire.send(now, dst, frames) } else { wire.send_segments(now, dst, frames, seg) }
-}
 
 struct QpEntry {
     rc: RcQp,
@@ -1225,193 +999,6 @@ impl Device for SoftDevice {
 
     fn packets(&self) -> u64 {
         self.shared.published.packets.load(Ordering::Acquire)
-    }
-}
-
-/// A protection domain of the software device.
-pub struct SoftPd {
-    shared: Arc<Shared>,
-    handle: u32,
-}
-
-impl std::fmt::Debug for SoftPd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SoftPd({})", self.handle)
-    }
-}
-
-impl ProtectionDomain for SoftPd {
-    fn handle(&self) -> u32 {
-        self.handle
-    }
-}
-
-impl Drop for SoftPd {
-    fn drop(&mut self) {
-        let mut s = self.shared.lock();
-        s.pds = s.pds.saturating_sub(1);
-    }
-}
-
-/// A registered memory region of the software device; dropping it deregisters.
-pub struct SoftMr {
-    shared: Arc<Shared>,
-    key: u32,
-    addr: u64,
-    len: usize,
-    access: Access,
-}
-
-impl std::fmt::Debug for SoftMr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SoftMr(key {:#x}, {:#x}+{})", self.key, self.addr, self.len)
-    }
-}
-
-impl MemoryRegion for SoftMr {
-    fn lkey(&self) -> u32 {
-        self.key
-    }
-    fn rkey(&self) -> u32 {
-        self.key
-    }
-    fn addr(&self) -> u64 {
-        self.addr
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn access(&self) -> Access {
-        self.access
-    }
-}
-
-impl Drop for SoftMr {
-    fn drop(&mut self) {
-        let mut s = self.shared.lock();
-        // A running copy may write into this region: its bytes land first.
-        s.place.drain();
-        s.mrs.deregister(self.key);
-    }
-}
-
-/// An RC queue pair of the software device; dropping it destroys the QP.
-pub struct SoftQp {
-    shared: Arc<Shared>,
-    qpn: u32,
-    caps: QpCaps,
-}
-
-impl std::fmt::Debug for SoftQp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SoftQp({:#x})", self.qpn)
-    }
-}
-
-impl SoftQp {
-    /// Runs `f` on the QP's entry and the rest of the device, then hands out what it produced
-    /// (completions, events, frames to send), all under one hold of the device lock.
-    fn with<R>(&self, f: impl FnOnce(&mut DevState, &mut QpEntry) -> R) -> Result<R, FabricError> {
-        let mut s = self.shared.lock();
-        let mut e = s.qps.remove(&self.qpn).ok_or(FabricError::NotFound { what: "queue pair" })?;
-        let r = f(&mut s, &mut e);
-        s.qps.insert(self.qpn, e);
-        s.after_qp(self.qpn, None);
-        Ok(r)
-    }
-
-    /// As [`SoftQp::with`] for posting receives: the entry stays in its table, and the QP is
-    /// looked at afterwards only if the posting made completions (a QP in ERR flushes what is
-    /// posted). A receive gives the transport nothing to send and no timer, so the QP is not
-    /// queued to transmit for it (after a reply posted just before, that was a pass of
-    /// `transmit` finding nothing).
-    fn with_receive_queue<R>(&self, f: impl FnOnce(&mut QpEntry) -> R) -> Result<R, FabricError> {
-        let mut s = self.shared.lock();
-        let e = s.qps.get_mut(&self.qpn).ok_or(FabricError::NotFound { what: "queue pair" })?;
-        let r = f(e);
-        if e.rc.has_completions() {
-            s.after_qp(self.qpn, None);
-        }
-        Ok(r)
-    }
-
-    /// `post_send`, and with `now` the doorbell of `post_send_at`.
-    fn post_sends(&self, wrs: &[SendWr<'_>], now: Option<Instant>) -> Result<(), FabricError> {
-        let mut s = self.shared.lock();
-        let DevState { qps, mrs, .. } = &mut *s;
-        let e = qps.get_mut(&self.qpn).ok_or(FabricError::NotFound { what: "queue pair" })?;
-        let posted = wrs.iter().enumerate().try_for_each(|(index, wr)| {
-            e.rc.post_send(wr, mrs).map_err(|reason| FabricError::Post { index, reason })
-        });
-        let dest = e.rc.dest_ip();
-        s.after_qp(self.qpn, None);
-        if let Some(now) = now.filter(|_| dest.is_some_and(|d| s.wire.immediate_route(d))) {
-            let _ = s.transmit(now, self.shared.ip, self.shared.udp_port, false);
-        }
-        posted
-    }
-}
-
-impl QueuePair for SoftQp {
-    fn qp_num(&self) -> u32 {
-        self.qpn
-    }
-
-    fn caps(&self) -> QpCaps {
-        self.caps
-    }
-
-    fn state(&self) -> QpState {
-        self.shared.lock().qps.get(&self.qpn).map_or(QpState::Err, |e| e.rc.state())
-    }
-
-    fn modify(&self, m: &QpModify) -> Result<(), FabricError> {
-        if let QpModify::Init { port_num, .. } = *m {
-            if port_num != self.shared.port.port_num {
-                return Err(FabricError::InvalidArgument { what: "port_num (not this device's port)" });
-            }
-        }
-        self.with(|s, e| {
-            let r = e.rc.modify(m);
-            if r.is_ok() && matches!(m, QpModify::Rtr { .. }) {
-                let nonce = e.rc.dest_ip().and_then(|ip| s.place.route(&s.wire, ip));
-                e.rc.set_place(nonce);
-            }
-            r
-        })?
-    }
-
-    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), FabricError> {
-        self.post_sends(wrs, None)
-    }
-
-    /// The doorbell: when the QP's destination is reached through a same-host ring (no system
-    /// call per frame, so nothing to batch), the device transmits now, under the same lock,
-    /// instead of at the caller's next `progress`: what was posted, with the ACKs waiting
-    /// riding on it (and whatever else is ready to go, as `progress` would).
-    /// Elsewhere (UDP, where frames are batched into one system call, or faults on) it is
-    /// `post_send`. Transmit errors are left to the next `progress` (a lost frame is
-    /// retransmitted): the work requests are posted either way.
-    fn post_send_at(&self, wrs: &[SendWr<'_>], now: Instant) -> Result<(), FabricError> {
-        self.post_sends(wrs, Some(now))
-    }
-
-    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), FabricError> {
-        self.with_receive_queue(|e| {
-            for (index, wr) in wrs.iter().enumerate() {
-                e.rc.post_recv(wr).map_err(|reason| FabricError::Post { index, reason })?;
-            }
-            Ok(())
-        })?
-    }
-}
-
-impl Drop for SoftQp {
-    fn drop(&mut self) {
-        let mut s = self.shared.lock();
-        if let Some(e) = s.qps.remove(&self.qpn) {
-            s.wqe_used = s.wqe_used.saturating_sub(e.wqes);
-        }
     }
 }
 

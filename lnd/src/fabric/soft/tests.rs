@@ -9,7 +9,9 @@ use std::time::Duration;
 use self::packet::{NakCode, Reth, Syndrome};
 use super::*;
 use crate::fabric::dma::RegisteredBuf;
-use crate::fabric::{CompletionQueue, SendFlags, SendOp, Sge, Wc, WcOpcode, WcStatus};
+use crate::fabric::{
+    CompletionQueue, QpModify, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+};
 
 const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
