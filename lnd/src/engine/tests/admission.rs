@@ -93,6 +93,10 @@ struct Flooder {
     dev: SoftDevice,
     cm: Cm,
     rng: Rng,
+    /// The QPN of the next REQ: each REQ names a QP of its own, as a real peer's would (two
+    /// live REQs naming one QPN are a stale connection, refused by the CM rather than by the
+    /// engine's admission).
+    next_qpn: u32,
 }
 
 impl Flooder {
@@ -104,7 +108,9 @@ impl Flooder {
         );
         let port = dev.query_port();
         let cfg = CmConfig::roce(port.addr, ip(at), dev.query_device().node_guid);
-        Flooder { dev, cm: Cm::new(cfg, sim.seed ^ 78), rng: Rng::new(sim.seed ^ 79) }
+        let mut rng = Rng::new(sim.seed ^ 79);
+        let next_qpn = 0x100 + rng.below(0x1000) as u32;
+        Flooder { dev, cm: Cm::new(cfg, sim.seed ^ 78), rng, next_qpn }
     }
 
     fn connect(&mut self, now: Instant, to: usize) {
@@ -136,12 +142,13 @@ impl Flooder {
     }
 
     fn connect_with(&mut self, now: Instant, to: usize, private_data: [u8; REQ_CONSUMER_DATA_LEN]) {
+        self.next_qpn += 1;
         let p = ConnectParams {
             dest: self.dev.resolve(ip(to)).unwrap(),
             dest_ip: ip(to),
             src_port: 1000,
             service_id: ip_service_id(PortSpace::Tcp, tunables().service),
-            qpn: 0x100 + self.rng.below(0xffff) as u32,
+            qpn: self.next_qpn - 1,
             start_psn: 1,
             path_mtu: Mtu::Mtu1024,
             retry_count: 5,

@@ -46,8 +46,11 @@ fn node_on(dev: SoftDevice, buf_len: usize) -> Node {
     Node { dev, pd, cq, qp, buf }
 }
 
+/// A device seeded with `seed`, on the default same-host path whatever
+/// `LND_SOFT_SINGLE_COPY` says: these tests choose their paths themselves ([`on_path`]),
+/// and some count ring frames, which only the same-host path sends.
 fn config(seed: u64) -> SoftConfig {
-    SoftConfig { seed, ..SoftConfig::default() }
+    SoftConfig { seed, single_copy: SingleCopy::Auto, ..SoftConfig::default() }
 }
 
 /// The paths of RDMA WRITE between ports of one host: single copy from the mapped buffer arena,
