@@ -10,9 +10,12 @@
 //! `LND_VERBS_GID_INDEX` override the port and GID). Without `LND_VERBS_DEVICE`, or when
 //! libibverbs lists no device, they print why and pass.
 
+use super::objects::{chain_index, inline_unregistered};
 use super::*;
 use crate::fabric::dma::RegisteredBuf;
-use crate::fabric::{SendFlags, SendOp, WcOpcode, WcStatus};
+use crate::fabric::{
+    CompletionQueue, QpModify, QueuePair, RecvWr, SendFlags, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+};
 
 #[test]
 fn open_without_a_device_is_no_device() {
