@@ -220,6 +220,33 @@ fn a_bad_tunables_file_names_file_line_and_key() {
 }
 
 #[test]
+fn a_fabric_port_already_taken_is_named_with_what_to_do() {
+    let port = unique_port(2);
+    // Whatever holds the port, the LND cannot bind its RoCEv2 socket there.
+    let _holder = std::net::UdpSocket::bind(("127.0.0.1", port)).unwrap();
+    let p = port.to_string();
+    let server =
+        spawn(BIN, &["server", "--nid", "127.0.0.1@o2ib", "--port", &p]).wait(Duration::from_secs(20));
+    assert_eq!(server.code, Some(1), "{server:?}");
+    let err = server.stderr.trim();
+    assert_eq!(err.lines().count(), 1, "{server:?}");
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}"))
+            && err.contains("Address already in use")
+            && err.contains("another --port"),
+        "{err}"
+    );
+    // `local` starts that server as a child and says how it ended, at once.
+    let local = spawn(BIN, &["local", "--port", &p, "--duration", "0.2"]).wait(Duration::from_secs(20));
+    assert_eq!(local.code, Some(1), "{local:?}");
+    assert!(local.stderr.contains("another --port"), "{local:?}");
+    assert!(
+        local.stderr.contains("the server process exited (exit status: 1) before it was ready"),
+        "{local:?}"
+    );
+}
+
+#[test]
 fn an_unreachable_peer_fails_in_bounded_time() {
     let port = unique_port(2);
     let o = spawn(

@@ -88,12 +88,17 @@ impl ServerProcess {
             match rx.recv_timeout(Duration::from_secs(20)) {
                 Ok(line) if line.contains("ready") => return Ok(server),
                 Ok(_) => {}
-                Err(_) => {
-                    let status = server.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    // Its stdout closed: the server is exiting (it closes stdout only then), and
+                    // may not have been reaped yet, so wait for its status.
+                    let status = server.child.as_mut().and_then(|c| c.wait().ok());
                     return Err(match status {
                         Some(s) => format!("the server process exited ({s}) before it was ready"),
-                        None => "the server process did not get ready in 20 s".to_owned(),
+                        None => "the server process closed its output before it was ready".to_owned(),
                     });
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err("the server process did not get ready in 20 s".to_owned());
                 }
             }
         }

@@ -61,6 +61,26 @@ pub fn load_tunables(path: Option<&str>) -> Result<Tunables, String> {
     Ok(parsed.tunables)
 }
 
+/// The start error, with what to do about the common case: the software fabric's UDP port
+/// (`ip:port`) already bound by another LND or lnd-bench on this host.
+fn start_error(e: &(dyn std::error::Error + 'static), opts: &NodeOptions) -> String {
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::AddrInUse && opts.fabric == Fabric::Soft {
+                return format!(
+                    "{e} (another LND or lnd-bench on this host holds UDP port {} on {}: stop it, \
+                     or run both sides with another --port)",
+                    opts.port,
+                    opts.nid.addr()
+                );
+            }
+        }
+        cause = c.source();
+    }
+    e.to_string()
+}
+
 impl Node {
     /// Starts LNet and the LND on `opts.nid`.
     pub fn start(opts: &NodeOptions) -> Result<Node, String> {
@@ -91,7 +111,7 @@ impl Node {
             driver = Some(d.clone());
             Ok::<_, lnd::driver::DriverError>(d as Arc<dyn Lnd>)
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| start_error(&e, opts))?;
         let driver = driver.ok_or("the LND did not start")?;
         Ok(Node { lnet, driver, nid: opts.nid })
     }
