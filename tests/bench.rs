@@ -220,7 +220,7 @@ fn a_bad_tunables_file_names_file_line_and_key() {
 }
 
 #[test]
-fn a_fabric_port_already_taken_is_named_with_what_to_do() {
+fn a_fabric_port_already_taken_or_an_address_not_of_this_host_says_what_to_do() {
     let port = unique_port(2);
     // Whatever holds the port, the LND cannot bind its RoCEv2 socket there.
     let _holder = std::net::UdpSocket::bind(("127.0.0.1", port)).unwrap();
@@ -244,6 +244,10 @@ fn a_fabric_port_already_taken_is_named_with_what_to_do() {
         local.stderr.contains("the server process exited (exit status: 1) before it was ready"),
         "{local:?}"
     );
+    // A NID whose address this host does not have (TEST-NET-1, never local).
+    let o = spawn(BIN, &["server", "--nid", "192.0.2.1@o2ib", "--port", &p]).wait(Duration::from_secs(20));
+    assert_eq!(o.code, Some(1), "{o:?}");
+    assert!(o.stderr.contains("192.0.2.1 is not an address of this host"), "{o:?}");
 }
 
 #[test]

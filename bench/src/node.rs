@@ -61,19 +61,28 @@ pub fn load_tunables(path: Option<&str>) -> Result<Tunables, String> {
     Ok(parsed.tunables)
 }
 
-/// The start error, with what to do about the common case: the software fabric's UDP port
-/// (`ip:port`) already bound by another LND or lnd-bench on this host.
+/// The start error, with what to do about the two common cases of the software fabric: its
+/// UDP port (`ip:port`) already bound by another LND or lnd-bench on this host, and a NID
+/// whose address is not one of this host's.
 fn start_error(e: &(dyn std::error::Error + 'static), opts: &NodeOptions) -> String {
     let mut cause = e.source();
     while let Some(c) = cause {
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::AddrInUse && opts.fabric == Fabric::Soft {
-                return format!(
-                    "{e} (another LND or lnd-bench on this host holds UDP port {} on {}: stop it, \
-                     or run both sides with another --port)",
-                    opts.port,
-                    opts.nid.addr()
-                );
+        if let (Some(io), Fabric::Soft) = (c.downcast_ref::<std::io::Error>(), opts.fabric) {
+            let (port, ip) = (opts.port, opts.nid.addr());
+            match io.kind() {
+                std::io::ErrorKind::AddrInUse => {
+                    return format!(
+                        "{e} (another LND or lnd-bench on this host holds UDP port {port} on {ip}: \
+                         stop it, or run both sides with another --port)"
+                    );
+                }
+                std::io::ErrorKind::AddrNotAvailable => {
+                    return format!(
+                        "{e} ({ip} is not an address of this host: the software fabric binds the \
+                         NID's IPv4 address; on one machine use 127.0.0.x@o2ib)"
+                    );
+                }
+                _ => {}
             }
         }
         cause = c.source();
