@@ -54,6 +54,21 @@ pub struct ServerProcess {
     child: Option<Child>,
 }
 
+/// `child`'s exit status once it has exited, waiting at most `limit`.
+fn exit_status_within(child: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let clock = lnd::clock::Clock::new();
+    let deadline = clock.now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if clock.now() < deadline => {
+                std::thread::park_timeout(Duration::from_millis(5));
+            }
+            _ => return None,
+        }
+    }
+}
+
 impl ServerProcess {
     /// Starts `lnd-bench server` (this same executable) and waits for it to be ready.
     pub fn start(
@@ -90,8 +105,9 @@ impl ServerProcess {
                 Ok(_) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     // Its stdout closed: the server is exiting (it closes stdout only then), and
-                    // may not have been reaped yet, so wait for its status.
-                    let status = server.child.as_mut().and_then(|c| c.wait().ok());
+                    // may not have been reaped yet, so wait for its status (at most 5 s).
+                    let status =
+                        server.child.as_mut().and_then(|c| exit_status_within(c, Duration::from_secs(5)));
                     return Err(match status {
                         Some(s) => format!("the server process exited ({s}) before it was ready"),
                         None => "the server process closed its output before it was ready".to_owned(),
