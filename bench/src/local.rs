@@ -54,19 +54,20 @@ pub struct ServerProcess {
     child: Option<Child>,
 }
 
-/// `child`'s exit status once it has exited, waiting at most `limit`.
-fn exit_status_within(child: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let clock = lnd::clock::Clock::new();
-    let deadline = clock.now() + limit;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Some(status),
-            Ok(None) if clock.now() < deadline => {
-                std::thread::park_timeout(Duration::from_millis(5));
-            }
-            _ => return None,
-        }
+/// Waits at most `limit` for `child` to exit and returns how it ended; a child still running
+/// then is killed, and the answer is `None`.
+fn exit_within(mut child: Child, limit: Duration) -> Option<std::io::Result<std::process::ExitStatus>> {
+    let (tx, rx) = mpsc::channel();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let status = rx.recv_timeout(limit).ok();
+    if status.is_none() {
+        // SAFETY: kill(2) with the pid of our own child; at worst it signals nothing.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
     }
+    status
 }
 
 impl ServerProcess {
@@ -106,8 +107,11 @@ impl ServerProcess {
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     // Its stdout closed: the server is exiting (it closes stdout only then), and
                     // may not have been reaped yet, so wait for its status (at most 5 s).
-                    let status =
-                        server.child.as_mut().and_then(|c| exit_status_within(c, Duration::from_secs(5)));
+                    let status = server
+                        .child
+                        .take()
+                        .and_then(|c| exit_within(c, Duration::from_secs(5)))
+                        .and_then(Result::ok);
                     return Err(match status {
                         Some(s) => format!("the server process exited ({s}) before it was ready"),
                         None => "the server process closed its output before it was ready".to_owned(),
@@ -124,15 +128,8 @@ impl ServerProcess {
     pub fn stop(mut self) {
         let Some(mut child) = self.child.take() else { return };
         drop(child.stdin.take());
-        let (tx, rx) = mpsc::channel();
-        let pid = child.id();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait());
-        });
-        if rx.recv_timeout(Duration::from_secs(10)).is_err() {
-            eprintln!("lnd-bench: the server did not exit in 10 s; killing it");
-            // SAFETY: kill(2) with the pid of our own child; at worst it signals nothing.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        if exit_within(child, Duration::from_secs(10)).is_none() {
+            eprintln!("lnd-bench: the server did not exit in 10 s; killed it");
         }
     }
 }
