@@ -31,10 +31,7 @@ fn handshake_and_transfer_under_20_percent_loss() {
         // makes no progress about a third of the time, so o2iblnd's default of 5 gives up
         // (RETRY_EXC_ERR, as a real HCA would) on about one transfer in 400 (measured: 5 of
         // 2000 seeds); 7 retries make that about 3 in 10,000 (measured: none of 4000).
-        let mut t = tunables();
-        t.retry_count = 7;
-        t.finalize().unwrap();
-        let mut sim = Sim::new(s, 2, &t, lossy(0.2));
+        let mut sim = Sim::new(s, 2, &tunables_with_most_retries(), lossy(0.2));
         let sink = sim.put(0, 1, 5, 300_000);
         let r = sim.wait_send(0, 5, 2_000_000);
         assert!(

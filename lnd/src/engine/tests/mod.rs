@@ -126,6 +126,15 @@ pub(crate) fn tunables() -> Tunables {
     t
 }
 
+/// The default tunables with the most transport retries a QP can have (`retry_count=7`, 3
+/// bits), for lossy tests that must lose nothing: with o2iblnd's 5, a QP legitimately gives up
+/// (`RETRY_EXC_ERR`) now and then at 10-20% loss.
+pub(crate) fn tunables_with_most_retries() -> Tunables {
+    let mut t = Tunables { retry_count: 7, ..Tunables::default() };
+    t.finalize().unwrap();
+    t
+}
+
 impl Sim {
     pub(crate) fn new(seed: u64, n: usize, tun: &Tunables, faults: FaultConfig) -> Sim {
         let net = SimNet::new(seed, Duration::from_micros(5)).with_jitter(Duration::from_micros(2));

@@ -42,11 +42,7 @@ struct SoakResult {
 /// random seed in 40 at 10% loss (seed 854803796: 12 transfers failed, as they should have).
 fn soak(p: f64, nodes: usize, transfers: u64, max_len: usize, may_fail: bool) -> SoakResult {
     let s = seed();
-    let mut t = tunables();
-    if !may_fail {
-        t.retry_count = 7;
-        t.finalize().unwrap();
-    }
+    let t = if may_fail { tunables() } else { tunables_with_most_retries() };
     let mut sim = Sim::new(s, nodes, &t, hostile_wire(p));
     let mut w = Workload::new(s, transfers, 32, max_len);
     w.run(&mut sim, 200_000_000);
