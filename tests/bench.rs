@@ -191,6 +191,39 @@ fn bad_arguments_give_one_line_and_exit_2() {
     let o = spawn(BIN, &["ping", "--to", "127.0.0.1@o2ib", "--size", "5000"]).wait(Duration::from_secs(20));
     assert_eq!(o.code, Some(1), "{o:?}");
     assert!(o.stderr.contains("at most"), "{o:?}");
+    // The line names what is wrong: the missing argument, the value out of range.
+    let o = spawn(BIN, &["brw", "--to", "127.0.0.1@o2ib"]).wait(Duration::from_secs(20));
+    assert_eq!(o.code, Some(2), "{o:?}");
+    assert!(o.stderr.contains("not provided: --op <OP>"), "{o:?}");
+    for cmd in [
+        &["brw", "--to", "127.0.0.1@o2ib", "--op", "write"][..],
+        &["ping", "--to", "127.0.0.1@o2ib"],
+        &["local"],
+    ] {
+        let mut args = cmd.to_vec();
+        args.extend(["--concurrency", "0"]);
+        let o = spawn(BIN, &args).wait(Duration::from_secs(20));
+        assert_eq!(o.code, Some(2), "{args:?}: {o:?}");
+        assert!(o.stderr.contains("'--concurrency <CONCURRENCY>': must be at least 1"), "{args:?}: {o:?}");
+    }
+}
+
+#[test]
+fn a_client_aimed_at_its_own_nid_is_refused_at_once() {
+    // LNet would keep the request inside the client's process, where no server answers.
+    for cmd in ["ping", "brw"] {
+        let mut args = vec![cmd, "--to", "127.0.0.1@o2ib", "--nid", "127.0.0.1@o2ib", "--count", "1"];
+        if cmd == "brw" {
+            args.extend(["--op", "read"]);
+        }
+        let o = spawn(BIN, &args).wait(Duration::from_secs(20));
+        assert_eq!(o.code, Some(1), "{o:?}");
+        assert_eq!(o.stderr.trim().lines().count(), 1, "{o:?}");
+        assert!(
+            o.stderr.contains("is this client's own NID") && o.stderr.contains("127.0.0.2@o2ib"),
+            "{o:?}"
+        );
+    }
 }
 
 #[test]

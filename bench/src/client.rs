@@ -558,7 +558,8 @@ fn record(result: &mut RunResult, started: Instant, now: Instant) {
     let _ = result.latency.record(u64::try_from(ns).unwrap_or(u64::MAX).max(1));
 }
 
-/// Asks the server for its counters (one STATS RPC); `None` if it does not answer in 5 s.
+/// Asks the server for its counters (one STATS RPC); `None` if the request cannot be sent
+/// (its SEND event failed: no connection to the server) or no answer comes in 5 s.
 pub fn fetch_stats(node: &Node, server: ProcessId) -> Option<std::collections::HashMap<String, u64>> {
     let eq = EventQueue::new(16);
     let rpc = crate::seed() | 1 << 63;
@@ -572,34 +573,38 @@ pub fn fetch_stats(node: &Node, server: ProcessId) -> Option<std::collections::H
         .attach(REPLY_PORTAL, MatchEntry::new(server, rpc).with_unlink(Unlink::Auto), md, Unlink::Auto)
         .ok()?;
     let req = Request { op: Op::Stats, rpc, bulk_bits: 0, size: 0, check: Check::None, magic: 0 };
-    let send =
-        Md::contiguous(Arc::new(Buffer::from_slice(&req.encode()))).with_threshold(Threshold::Count(1));
-    let ok = lnet
+    let send = Md::contiguous(Arc::new(Buffer::from_slice(&req.encode())))
+        .with_threshold(Threshold::Count(1))
+        .with_events(eq.clone());
+    let sent = lnet
         .md_bind(send, Unlink::Auto)
         .and_then(|h| lnet.put(h, AckReq::NoAck, server, REQUEST_PORTAL, 0, 0, 0));
-    if ok.is_err() {
+    let answer = sent.ok().and_then(|_| stats_answer(&eq, &reply));
+    if answer.is_none() {
         let _ = lnet.me_unlink(me);
-        return None;
     }
+    answer
+}
+
+/// Waits up to 5 s for the STATS reply; `None` at once if the request's SEND failed.
+fn stats_answer(eq: &EventQueue, reply: &Buffer) -> Option<std::collections::HashMap<String, u64>> {
     let clock = Clock::new();
     let end = clock.now() + Duration::from_secs(5);
     loop {
-        let left = end.saturating_duration_since(clock.now());
-        if left.is_zero() {
-            let _ = lnet.me_unlink(me);
-            return None;
+        let ev = eq.wait(end.saturating_duration_since(clock.now()))?;
+        match ev.kind {
+            EventKind::Send if ev.status.is_err() => return None,
+            EventKind::Put if ev.status.is_ok() => {
+                let n = (ev.mlength as usize).saturating_sub(HDR);
+                let text = String::from_utf8(reply.to_vec(HDR, n).ok()?).ok()?;
+                return Some(
+                    text.lines()
+                        .filter_map(|l| l.split_once('='))
+                        .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
+                        .collect(),
+                );
+            }
+            _ => {}
         }
-        let ev = eq.wait(left)?;
-        if ev.kind != EventKind::Put || ev.status.is_err() {
-            continue;
-        }
-        let n = (ev.mlength as usize).saturating_sub(HDR);
-        let text = String::from_utf8(reply.to_vec(HDR, n).ok()?).ok()?;
-        return Some(
-            text.lines()
-                .filter_map(|l| l.split_once('='))
-                .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
-                .collect(),
-        );
     }
 }

@@ -44,10 +44,10 @@ pub struct CompareArgs {
     #[arg(long, value_delimiter = ',', default_value = "64K,1M,4M", value_parser = crate::parse_size)]
     pub sizes: Vec<usize>,
     /// brw concurrencies, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32", value_parser = crate::parse_concurrency)]
     pub concurrencies: Vec<usize>,
     /// The concurrency whose brw figures are set against the peers.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = crate::parse_concurrency)]
     pub concurrency: usize,
     /// How our brw stamps and checks its data. Default `none`, like the peers, which never
     /// touch the bytes they move (and like lnet_selftest's default); `full` stamps and verifies

@@ -32,8 +32,8 @@ pub struct LocalArgs {
     /// Seconds per test.
     #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
-    /// RPCs in flight per test.
-    #[arg(long, default_value_t = 8)]
+    /// RPCs in flight per test (1 or more).
+    #[arg(long, default_value_t = 8, value_parser = crate::parse_concurrency)]
     pub concurrency: usize,
     /// The server's NID.
     #[arg(long, default_value = "127.0.0.1@o2ib")]
@@ -209,7 +209,7 @@ pub fn measure_matrix(args: &LocalArgs, matrix: &[Case]) -> Result<(Vec<Row>, bo
         let spec = RunSpec {
             op,
             size,
-            concurrency: concurrency.max(1),
+            concurrency,
             duration: Some(Duration::from_secs_f64(args.duration)),
             count: None,
             check: if op == Op::Ping { Check::Full } else { args.check },

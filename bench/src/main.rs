@@ -83,8 +83,8 @@ enum Cmd {
         /// Bytes per RPC: 4K..1M (up to 16M accepted).
         #[arg(long, default_value = "4K", value_parser = parse_size)]
         size: usize,
-        /// RPCs in flight.
-        #[arg(long, default_value_t = 1)]
+        /// RPCs in flight (1 or more).
+        #[arg(long, default_value_t = 1, value_parser = parse_concurrency)]
         concurrency: usize,
         /// Data stamping and verification.
         #[arg(long, value_enum, default_value_t = Check::None)]
@@ -104,8 +104,8 @@ enum Cmd {
         /// Payload bytes each way: 0..4K.
         #[arg(long, default_value = "8", value_parser = parse_size)]
         size: usize,
-        /// Pings in flight.
-        #[arg(long, default_value_t = 1)]
+        /// Pings in flight (1 or more).
+        #[arg(long, default_value_t = 1, value_parser = parse_concurrency)]
         concurrency: usize,
         #[command(flatten)]
         how_long: HowLong,
@@ -209,6 +209,15 @@ fn parse_size(s: &str) -> Result<usize, String> {
     n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
 }
 
+/// `--concurrency`: RPCs in flight, at least one (lst's `--concurrency` starts at 1 too).
+fn parse_concurrency(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{s}' is not a number of RPCs")),
+    }
+}
+
 /// A seed for RPC ids from the OS (runs must not collide across restarts).
 pub fn seed() -> u64 {
     lnd::rng::os_seed()
@@ -244,7 +253,8 @@ pub fn measure(node: &Node, spec: &RunSpec, label: &str) -> Row {
     let run = client::run(node, spec);
     let client_cpu_us = cpu::used_us(cpu::Who::Process).saturating_sub(cpu_before);
     let after = node.lnd_stats();
-    let server_after = client::fetch_stats(node, spec.server);
+    // Without the first answer there is nothing to subtract from, so no second 5 s wait.
+    let server_after = server_before.as_ref().and_then(|_| client::fetch_stats(node, spec.server));
     let delta = |k: &str| match (&server_before, &server_after) {
         (Some(a), Some(b)) => b.get(k).copied().unwrap_or(0).saturating_sub(a.get(k).copied().unwrap_or(0)),
         _ => 0,
@@ -263,6 +273,15 @@ pub fn measure(node: &Node, spec: &RunSpec, label: &str) -> Row {
 
 fn run_client(target: &Target, common: &Common, mut spec: RunSpec, json: bool) -> Result<bool, String> {
     let nid = target.nid.unwrap_or_else(|| default_nid(target.to));
+    if nid == target.to {
+        // LNet keeps a message to one of its own NIDs inside the process (the lo LND's job),
+        // and no server runs in this one: every RPC would wait out its timeout.
+        return Err(format!(
+            "--to {nid} is this client's own NID (--nid): LNet delivers that inside this process, \
+             where no server runs; give the client another NID (the default is {})",
+            default_nid(target.to)
+        ));
+    }
     let node = Node::start(&NodeOptions {
         nid,
         tunables: common.tunables.clone(),
@@ -360,7 +379,7 @@ fn run(cli: Cli) -> Result<(), String> {
                     BrwOp::Write => Op::BrwWrite,
                 },
                 size,
-                concurrency: concurrency.max(1),
+                concurrency,
                 duration,
                 count,
                 check,
@@ -378,7 +397,7 @@ fn run(cli: Cli) -> Result<(), String> {
             let spec = RunSpec {
                 op: Op::Ping,
                 size,
-                concurrency: concurrency.max(1),
+                concurrency,
                 duration,
                 count,
                 check: Check::Full,
@@ -412,6 +431,15 @@ fn run(cli: Cli) -> Result<(), String> {
     }
 }
 
+/// clap's message as one line: its first line and the indented lines under it (the missing
+/// arguments), without the usage and hint lines after the first blank one.
+fn one_line(text: &str) -> String {
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or("bad arguments").trim_start_matches("error: ").trim_end();
+    let under: Vec<&str> = lines.take_while(|l| l.starts_with(' ')).map(str::trim).collect();
+    if under.is_empty() { first.to_owned() } else { format!("{first} {}", under.join(", ")) }
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -421,10 +449,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            // One line: clap's message without its usage and hint lines.
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("bad arguments").trim_start_matches("error: ");
-            eprintln!("lnd-bench: {first} (see lnd-bench --help)");
+            eprintln!("lnd-bench: {} (see lnd-bench --help)", one_line(&e.render().to_string()));
             return ExitCode::from(2);
         }
     };
