@@ -56,6 +56,11 @@ pub struct FabricStats {
     pub retransmits: u64,
     /// Retransmission timeouts that fired.
     pub timeouts: u64,
+    /// Work requests that failed with `RETRY_EXC_ERR`: a QP's `retry_cnt` retries in a row
+    /// (timeouts or sequence NAKs) brought no progress, and it went to the error state.
+    pub retries_exceeded: u64,
+    /// Work requests that failed with `RNR_RETRY_EXC_ERR`: `rnr_retry` RNR NAKs in a row.
+    pub rnr_retries_exceeded: u64,
     /// PSN-sequence NAKs sent.
     pub seq_naks: u64,
     /// RNR NAKs sent (no receive posted).

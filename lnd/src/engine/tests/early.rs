@@ -187,7 +187,12 @@ fn replies_sent_from_receive_upcalls_complete_exactly_once_under_loss() {
         replies == total
     });
     assert!(ok, "seed {s}: {replies} of {total} replies");
-    sim.run_for(std::time::Duration::from_millis(100));
+    // A reply completes when its RC ACK arrives, and a lost last ACK waits for the requester's
+    // retransmission timer (seed 608237899 on the wire path: two of them 0.5 s after the last
+    // reply landed). Wait for every one (bounded), then long enough for any second completion.
+    let all = sim.run_until(5_000_000, |_| echo.sent.lock().unwrap().len() >= total as usize);
+    assert!(all, "seed {s}: {} of {total} replies completed", echo.sent.lock().unwrap().len());
+    sim.run_for(std::time::Duration::from_secs(2));
     for (tag, sink) in &sinks {
         assert_eq!(
             sink.to_vec(0, LEN).unwrap(),

@@ -163,6 +163,45 @@ fn a_reordered_middle_packet_is_recovered_by_the_sequence_nak_not_a_timeout() {
     }
 }
 
+/// A sequence NAK the network duplicated is one request to go back, not several: the copies
+/// spend no retry and rewind nothing (as in rxe). Counted, ten copies of one NAK ran a QP
+/// with `retry_cnt` 7 out of retries (`RETRY_EXC_ERR`) although nothing was lost again.
+#[test]
+fn copies_of_a_sequence_nak_spend_no_retries() {
+    let (mut a, mut b) = pair(Mtu::Mtu256, 14);
+    let rs = [b.sge(0, 4096)];
+    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &rs }).unwrap();
+    let ss = [a.sge(0, 768)];
+    let send = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &ss, flags: SendFlags::SIGNALED };
+    a.qp.post_send(&send, &a.mem).unwrap();
+    let now = Instant::ZERO;
+    let f = a.tx(now);
+    assert_eq!(f.len(), 3);
+    // The MIDDLE is lost: the LAST makes the responder NAK the MIDDLE's PSN, once.
+    b.rx(now, a.ip, &f[0]);
+    b.rx(now, a.ip, &f[2]);
+    let naks = b.tx(now);
+    assert_eq!(naks.len(), 1);
+    for _ in 0..10 {
+        a.rx(now, b.ip, &naks[0]);
+    }
+    assert_eq!(a.completed(CqSel::Send), [], "no retry ran out");
+    // One go-back-N round: the MIDDLE and the LAST, once each.
+    let again = a.tx(now);
+    let ops: Vec<Opcode> =
+        again.iter().map(|x| packet::parse_unchecked(x).unwrap().headers.bth.opcode).collect();
+    assert_eq!(ops, [Opcode::RcSendMiddle, Opcode::RcSendLast]);
+    for x in &again {
+        b.rx(now, a.ip, x);
+    }
+    for x in b.tx(now) {
+        a.rx(now, b.ip, &x);
+    }
+    assert_eq!(b.completed(CqSel::Recv), [(9, WcStatus::Success)]);
+    assert_eq!(a.completed(CqSel::Send), [(1, WcStatus::Success)]);
+    assert_eq!(&b.buf[..768], &a.buf[..768]);
+}
+
 /// PSNs are assigned at post time, so the send queue may span at most 2^22 of them: a 2 GiB
 /// WRITE at MTU 256 (2^23 packets) is refused. Accepted, it made PSN comparisons wrap when
 /// the SEND before it was acknowledged, and the unsent WRITE completed with success.

@@ -163,7 +163,9 @@ fn read_counter(dir: &Path, name: &str) -> Option<u64> {
 /// * `counters/port_xmit_data`, `port_rcv_data` (in 4-byte words, per IBTA) → `tx_bytes`,
 ///   `rx_bytes`;
 /// * `hw_counters/duplicate_request` → `duplicates`, `hw_counters/local_ack_timeout_err` →
-///   `timeouts` (present on mlx5 and some others).
+///   `timeouts`, `hw_counters/req_transport_retries_exceeded` → `retries_exceeded`,
+///   `hw_counters/req_rnr_retries_exceeded` → `rnr_retries_exceeded` (present on mlx5 and
+///   some others).
 ///
 /// Missing files read as zero; the other fields stay zero (hardware hides them).
 pub fn sysfs_port_counters(root: &Path, dev: &str, port: u8) -> FabricStats {
@@ -178,6 +180,8 @@ pub fn sysfs_port_counters(root: &Path, dev: &str, port: u8) -> FabricStats {
         rx_bytes: get(&c, "port_rcv_data").saturating_mul(4),
         duplicates: get(&hw, "duplicate_request"),
         timeouts: get(&hw, "local_ack_timeout_err"),
+        retries_exceeded: get(&hw, "req_transport_retries_exceeded"),
+        rnr_retries_exceeded: get(&hw, "req_rnr_retries_exceeded"),
         ..FabricStats::default()
     }
 }
@@ -296,11 +300,13 @@ mod tests {
         fs::write(port.join("counters/port_xmit_data"), "100\n").unwrap();
         fs::write(port.join("counters/port_rcv_data"), "garbage\n").unwrap();
         fs::write(port.join("hw_counters/duplicate_request"), "3\n").unwrap();
+        fs::write(port.join("hw_counters/req_transport_retries_exceeded"), "2\n").unwrap();
         assert_eq!(sysfs_gid_kind(&root.0, "mlx5_0", 1, 3, LinkLayer::Ethernet), Some(GidKind::RoceV2));
         assert_eq!(sysfs_gid_kind(&root.0, "mlx5_0", 1, 4, LinkLayer::Ethernet), None);
         let s = sysfs_port_counters(&root.0, "mlx5_0", 1);
         assert_eq!((s.tx_packets, s.rx_packets, s.tx_bytes, s.rx_bytes), (10, 20, 400, 0));
         assert_eq!((s.duplicates, s.timeouts, s.mads_sent), (3, 0, 0));
+        assert_eq!((s.retries_exceeded, s.rnr_retries_exceeded), (2, 0));
         assert_eq!(sysfs_port_counters(&root.0, "nope", 1), FabricStats::default());
     }
 }

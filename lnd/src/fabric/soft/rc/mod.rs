@@ -11,7 +11,9 @@
 //!   packet of each message and every `ACK_REQ_INTERVAL` packets. ACKs are cumulative. A NAK
 //!   for a PSN sequence error, or the retransmission timer (4.096 µs × 2^timeout) firing, sends
 //!   everything again from the oldest unacknowledged PSN (go-back-N), spending one of
-//!   `retry_cnt` retries; the counter resets whenever an ACK makes progress. Retries exhausted
+//!   `retry_cnt` retries; the counter resets whenever an ACK makes progress. A sequence NAK
+//!   naming the PSN a retry round already resends from (the network duplicated the NAK, or it
+//!   crossed the timer's round) asks for nothing new and spends nothing, as in rxe. Retries exhausted
 //!   → `RETRY_EXC_ERR`. An RNR NAK pauses for the peer's timer and spends one of `rnr_retry`
 //!   (7 = forever) → `RNR_RETRY_EXC_ERR`. Completions are generated in posting order.
 //! * **Responder**: packets are accepted only at the expected PSN. Earlier PSNs are duplicates:
@@ -252,6 +254,9 @@ pub(crate) struct RcQp {
     sent_end: u32,
     una: u32,
     retries_left: u8,
+    /// A retry round (a timeout's or a sequence NAK's go-back-N) is resending from `una`;
+    /// cleared when an ACK makes progress.
+    retrying: bool,
     rnr_left: u8,
     retx_timer: Option<Instant>,
     rnr_until: Option<Instant>,
@@ -313,6 +318,7 @@ impl RcQp {
             sent_end: 0,
             una: 0,
             retries_left: 7,
+            retrying: false,
             rnr_left: 7,
             retx_timer: None,
             rnr_until: None,
@@ -412,6 +418,7 @@ impl RcQp {
                 self.retry_cnt = retry_cnt;
                 self.rnr_retry = rnr_retry;
                 self.retries_left = retry_cnt;
+                self.retrying = false;
                 self.rnr_left = rnr_retry;
                 self.state = QpState::Rts;
                 Ok(())

@@ -32,6 +32,7 @@ impl RcQp {
                 self.ack_upto(now, psn_add(p, packet::PSN_MASK));
                 if self.rnr_retry != 7 {
                     if self.rnr_left == 0 {
+                        stats.rnr_retries_exceeded += 1;
                         self.fail_front(WcStatus::RnrRetryExcErr);
                         return;
                     }
@@ -45,14 +46,22 @@ impl RcQp {
                 if !in_flight(self, p) {
                     return;
                 }
+                let progress = p != self.una;
                 self.ack_upto(now, psn_add(p, packet::PSN_MASK));
                 match code {
                     NakCode::PsnSequenceError => {
+                        if self.retrying && !progress {
+                            // The round resending from `p` is under way: this NAK is a copy
+                            // of the one that started it, or one the timer's round overtook.
+                            return;
+                        }
                         if self.retries_left == 0 {
+                            stats.retries_exceeded += 1;
                             self.fail_front(WcStatus::RetryExcErr);
                             return;
                         }
                         self.retries_left -= 1;
+                        self.retrying = true;
                         self.rewind(p);
                         self.arm_retx(now);
                     }
@@ -120,6 +129,7 @@ impl RcQp {
         }
         self.una = psn_add(p, 1);
         self.retries_left = self.retry_cnt;
+        self.retrying = false;
         self.rnr_left = self.rnr_retry;
         if psn_diff(self.send_psn, self.una) < 0 {
             self.send_psn = self.una;
@@ -196,10 +206,12 @@ impl RcQp {
         if self.retx_timer.is_some_and(|t| now >= t) {
             stats.timeouts += 1;
             if self.retries_left == 0 {
+                stats.retries_exceeded += 1;
                 self.fail_front(WcStatus::RetryExcErr);
                 return;
             }
             self.retries_left -= 1;
+            self.retrying = true;
             self.rewind(self.una);
             self.arm_retx(now);
         }
