@@ -209,6 +209,22 @@ fn bad_arguments_give_one_line_and_exit_2() {
 }
 
 #[test]
+fn more_buffers_than_half_the_memory_are_refused_before_anything_starts() {
+    // 100,000 RPCs in flight: 1.5 TiB on each side at 16 MiB, 98 GiB at `local`'s 1 MiB.
+    for args in [
+        &["brw", "--to", "127.0.0.1@o2ib", "--op", "write", "--size", "16M", "--concurrency", "100000"][..],
+        &["local", "--concurrency", "100000"],
+    ] {
+        let o = spawn(BIN, args).wait(Duration::from_secs(20));
+        assert_eq!(o.code, Some(1), "{args:?}: {o:?}");
+        assert!(
+            o.stderr.contains("of buffers on each side, more than half of this host's"),
+            "{args:?}: {o:?}"
+        );
+    }
+}
+
+#[test]
 fn a_client_aimed_at_its_own_nid_is_refused_at_once() {
     // LNet would keep the request inside the client's process, where no server answers.
     for cmd in ["ping", "brw"] {

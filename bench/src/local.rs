@@ -196,6 +196,9 @@ pub fn run(args: &LocalArgs) -> Result<(), String> {
 
 /// Starts the server process and the client node and runs `matrix`; (rows, all verified).
 pub fn measure_matrix(args: &LocalArgs, matrix: &[Case]) -> Result<(Vec<Row>, bool), String> {
+    for c in matrix {
+        crate::fits_in_memory(c.size, c.concurrency)?;
+    }
     let server = ServerProcess::start(args.server, args.tunables.as_deref(), args.fabric, args.port)?;
     let node = Node::start(&NodeOptions {
         nid: args.client,

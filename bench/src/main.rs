@@ -218,6 +218,26 @@ fn parse_concurrency(s: &str) -> Result<usize, String> {
     }
 }
 
+/// Every RPC in flight holds a buffer of `size` on each side: refuse more than half of this
+/// host's memory at once, rather than let the client or the server be killed for it.
+fn fits_in_memory(size: usize, concurrency: usize) -> Result<(), String> {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let total = u64::try_from(pages).unwrap_or(0).saturating_mul(u64::try_from(page).unwrap_or(0));
+    let need = (size as u64).saturating_mul(concurrency as u64);
+    if total > 0 && need > total / 2 {
+        let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+        return Err(format!(
+            "--concurrency {concurrency} x --size {} needs {:.1} GiB of buffers on each side, more \
+             than half of this host's {:.1} GiB: lower one of them",
+            report::size_name(size),
+            gib(need),
+            gib(total)
+        ));
+    }
+    Ok(())
+}
+
 /// A seed for RPC ids from the OS (runs must not collide across restarts).
 pub fn seed() -> u64 {
     lnd::rng::os_seed()
@@ -372,6 +392,7 @@ fn run(cli: Cli) -> Result<(), String> {
             if !(1..=16 << 20).contains(&size) {
                 return Err(format!("--size {size}: must be 1 byte to 16M"));
             }
+            fits_in_memory(size, concurrency)?;
             let (duration, count) = how_long(&h);
             let spec = RunSpec {
                 op: match op {
