@@ -101,6 +101,11 @@ impl End {
 
 /// Two connected QPs at `mtu` with ACK timeout code `timeout` (0: none).
 fn pair(mtu: Mtu, timeout: u8) -> (End, End) {
+    pair_with_retries(mtu, timeout, 7)
+}
+
+/// [`pair`] with `rnr_retry` RNR retries (7: forever).
+fn pair_with_retries(mtu: Mtu, timeout: u8, rnr_retry: u8) -> (End, End) {
     let net = SimNet::new(1, Duration::ZERO);
     let (mut a, mut b) = (End::new(&net, 1), End::new(&net, 2));
     let (ends, psns) = ([(a.ip, a.qpn), (b.ip, b.qpn)], [100, 200]);
@@ -117,7 +122,7 @@ fn pair(mtu: Mtu, timeout: u8) -> (End, End) {
             min_rnr_timer: 1,
         })
         .unwrap();
-        let rts = QpModify::Rts { sq_psn: psns[i], timeout, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 0 };
+        let rts = QpModify::Rts { sq_psn: psns[i], timeout, retry_cnt: 7, rnr_retry, max_rd_atomic: 0 };
         x.qp.modify(&rts).unwrap();
     }
     (a, b)
@@ -200,6 +205,41 @@ fn copies_of_a_sequence_nak_spend_no_retries() {
     assert_eq!(b.completed(CqSel::Recv), [(9, WcStatus::Success)]);
     assert_eq!(a.completed(CqSel::Send), [(1, WcStatus::Success)]);
     assert_eq!(&b.buf[..768], &a.buf[..768]);
+}
+
+/// The same for an RNR NAK: while the requester waits out its timer it sends nothing, so
+/// another RNR NAK for that PSN is a copy and spends none of `rnr_retry`.
+#[test]
+fn copies_of_an_rnr_nak_spend_no_rnr_retries() {
+    let (mut a, mut b) = pair_with_retries(Mtu::Mtu256, 14, 1);
+    let ss = [a.sge(0, 100)];
+    let send = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &ss, flags: SendFlags::SIGNALED };
+    a.qp.post_send(&send, &a.mem).unwrap();
+    let mut now = Instant::ZERO;
+    // No receive posted: the responder answers with an RNR NAK, which the network triples.
+    for x in a.tx(now) {
+        b.rx(now, a.ip, &x);
+    }
+    let rnr = b.tx(now);
+    assert_eq!(rnr.len(), 1);
+    for _ in 0..3 {
+        a.rx(now, b.ip, &rnr[0]);
+    }
+    assert_eq!(a.completed(CqSel::Send), [], "the one RNR retry is not spent yet");
+    let rs = [b.sge(0, 4096)];
+    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &rs }).unwrap();
+    // After the RNR timer the SEND goes again and lands.
+    now += Duration::from_millis(700);
+    a.qp.on_timer(now, &mut a.stats);
+    for x in a.tx(now) {
+        b.rx(now, a.ip, &x);
+    }
+    for x in b.tx(now) {
+        a.rx(now, b.ip, &x);
+    }
+    assert_eq!(b.completed(CqSel::Recv), [(9, WcStatus::Success)]);
+    assert_eq!(a.completed(CqSel::Send), [(1, WcStatus::Success)]);
+    assert_eq!(a.stats.rnr_retries_exceeded, 0);
 }
 
 /// PSNs are assigned at post time, so the send queue may span at most 2^22 of them: a 2 GiB

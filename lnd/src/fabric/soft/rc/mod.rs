@@ -15,7 +15,8 @@
 //!   naming the PSN a retry round already resends from (the network duplicated the NAK, or it
 //!   crossed the timer's round) asks for nothing new and spends nothing, as in rxe. Retries exhausted
 //!   → `RETRY_EXC_ERR`. An RNR NAK pauses for the peer's timer and spends one of `rnr_retry`
-//!   (7 = forever) → `RNR_RETRY_EXC_ERR`. Completions are generated in posting order.
+//!   (7 = forever) → `RNR_RETRY_EXC_ERR`; a copy of it arriving during the pause spends
+//!   nothing. Completions are generated in posting order.
 //! * **Responder**: packets are accepted only at the expected PSN. Earlier PSNs are duplicates:
 //!   re-acknowledged, never delivered twice. Later PSNs are a gap: one sequence NAK per gap.
 //!   SENDs consume posted receives (none → RNR NAK; too long → `LOC_LEN_ERR` here and

@@ -29,6 +29,10 @@ impl RcQp {
                 if !in_flight(self, p) {
                     return;
                 }
+                if self.rnr_until.is_some() && p == self.una {
+                    // Waiting out this PSN's RNR timer, nothing was sent again: a copy.
+                    return;
+                }
                 self.ack_upto(now, psn_add(p, packet::PSN_MASK));
                 if self.rnr_retry != 7 {
                     if self.rnr_left == 0 {
