@@ -128,6 +128,24 @@ fn pair_with_retries(mtu: Mtu, timeout: u8, rnr_retry: u8) -> (End, End) {
     (a, b)
 }
 
+/// A pair at MTU 256 with a receive posted at b (`wr_id` 9) and a 768-byte SEND posted at a
+/// (`wr_id` 1), and the three frames a sent for it.
+fn three_packet_send(timeout: u8) -> (End, End, Vec<Vec<u8>>) {
+    let (mut a, mut b) = pair(Mtu::Mtu256, timeout);
+    let rs = [b.sge(0, 4096)];
+    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &rs }).unwrap();
+    let ss = [a.sge(0, 768)];
+    let send = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &ss, flags: SendFlags::SIGNALED };
+    a.qp.post_send(&send, &a.mem).unwrap();
+    let f = a.tx(Instant::ZERO);
+    assert_eq!(f.len(), 3);
+    (a, b, f)
+}
+
+fn opcodes(frames: &[Vec<u8>]) -> Vec<Opcode> {
+    frames.iter().map(|x| packet::parse_unchecked(x).unwrap().headers.bth.opcode).collect()
+}
+
 /// A three-packet SEND whose MIDDLE is overtaken by its LAST: the responder discards the LAST
 /// and queues a sequence NAK; the late MIDDLE then fills the gap. The NAK must still go (it
 /// was withdrawn, so the requester heard nothing and waited a whole retransmission timeout,
@@ -135,17 +153,9 @@ fn pair_with_retries(mtu: Mtu, timeout: u8, rnr_retry: u8) -> (End, End) {
 #[test]
 fn a_reordered_middle_packet_is_recovered_by_the_sequence_nak_not_a_timeout() {
     for timeout in [14, 0] {
-        let (mut a, mut b) = pair(Mtu::Mtu256, timeout);
-        let rs = [b.sge(0, 4096)];
-        b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &rs }).unwrap();
-        let ss = [a.sge(0, 768)];
-        let send = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &ss, flags: SendFlags::SIGNALED };
-        a.qp.post_send(&send, &a.mem).unwrap();
+        let (mut a, mut b, f) = three_packet_send(timeout);
         let now = Instant::ZERO;
-        let f = a.tx(now);
-        let ops: Vec<Opcode> =
-            f.iter().map(|x| packet::parse_unchecked(x).unwrap().headers.bth.opcode).collect();
-        assert_eq!(ops, [Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLast]);
+        assert_eq!(opcodes(&f), [Opcode::RcSendFirst, Opcode::RcSendMiddle, Opcode::RcSendLast]);
         for i in [0, 2, 1] {
             b.rx(now, a.ip, &f[i]);
         }
@@ -173,15 +183,8 @@ fn a_reordered_middle_packet_is_recovered_by_the_sequence_nak_not_a_timeout() {
 /// with `retry_cnt` 7 out of retries (`RETRY_EXC_ERR`) although nothing was lost again.
 #[test]
 fn copies_of_a_sequence_nak_spend_no_retries() {
-    let (mut a, mut b) = pair(Mtu::Mtu256, 14);
-    let rs = [b.sge(0, 4096)];
-    b.qp.post_recv(&RecvWr { wr_id: 9, sg_list: &rs }).unwrap();
-    let ss = [a.sge(0, 768)];
-    let send = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &ss, flags: SendFlags::SIGNALED };
-    a.qp.post_send(&send, &a.mem).unwrap();
+    let (mut a, mut b, f) = three_packet_send(14);
     let now = Instant::ZERO;
-    let f = a.tx(now);
-    assert_eq!(f.len(), 3);
     // The MIDDLE is lost: the LAST makes the responder NAK the MIDDLE's PSN, once.
     b.rx(now, a.ip, &f[0]);
     b.rx(now, a.ip, &f[2]);
@@ -193,9 +196,7 @@ fn copies_of_a_sequence_nak_spend_no_retries() {
     assert_eq!(a.completed(CqSel::Send), [], "no retry ran out");
     // One go-back-N round: the MIDDLE and the LAST, once each.
     let again = a.tx(now);
-    let ops: Vec<Opcode> =
-        again.iter().map(|x| packet::parse_unchecked(x).unwrap().headers.bth.opcode).collect();
-    assert_eq!(ops, [Opcode::RcSendMiddle, Opcode::RcSendLast]);
+    assert_eq!(opcodes(&again), [Opcode::RcSendMiddle, Opcode::RcSendLast]);
     for x in &again {
         b.rx(now, a.ip, x);
     }
