@@ -255,9 +255,6 @@ pub(crate) struct RcQp {
     sent_end: u32,
     una: u32,
     retries_left: u8,
-    /// A retry round (a timeout's or a sequence NAK's go-back-N) is resending from `una`;
-    /// cleared when an ACK makes progress.
-    retrying: bool,
     rnr_left: u8,
     retx_timer: Option<Instant>,
     rnr_until: Option<Instant>,
@@ -319,7 +316,6 @@ impl RcQp {
             sent_end: 0,
             una: 0,
             retries_left: 7,
-            retrying: false,
             rnr_left: 7,
             retx_timer: None,
             rnr_until: None,
@@ -419,7 +415,6 @@ impl RcQp {
                 self.retry_cnt = retry_cnt;
                 self.rnr_retry = rnr_retry;
                 self.retries_left = retry_cnt;
-                self.retrying = false;
                 self.rnr_left = rnr_retry;
                 self.state = QpState::Rts;
                 Ok(())

@@ -54,20 +54,12 @@ impl RcQp {
                 self.ack_upto(now, psn_add(p, packet::PSN_MASK));
                 match code {
                     NakCode::PsnSequenceError => {
-                        if self.retrying && !progress {
+                        if self.retrying() && !progress {
                             // The round resending from `p` is under way: this NAK is a copy
                             // of the one that started it, or one the timer's round overtook.
                             return;
                         }
-                        if self.retries_left == 0 {
-                            stats.retries_exceeded += 1;
-                            self.fail_front(WcStatus::RetryExcErr);
-                            return;
-                        }
-                        self.retries_left -= 1;
-                        self.retrying = true;
-                        self.rewind(p);
-                        self.arm_retx(now);
+                        self.retry_from(now, p, stats);
                     }
                     NakCode::InvalidRequest | NakCode::InvalidRdRequest => {
                         self.fail_front(WcStatus::RemInvReqErr)
@@ -133,7 +125,6 @@ impl RcQp {
         }
         self.una = psn_add(p, 1);
         self.retries_left = self.retry_cnt;
-        self.retrying = false;
         self.rnr_left = self.rnr_retry;
         if psn_diff(self.send_psn, self.una) < 0 {
             self.send_psn = self.una;
@@ -209,16 +200,27 @@ impl RcQp {
         }
         if self.retx_timer.is_some_and(|t| now >= t) {
             stats.timeouts += 1;
-            if self.retries_left == 0 {
-                stats.retries_exceeded += 1;
-                self.fail_front(WcStatus::RetryExcErr);
-                return;
-            }
-            self.retries_left -= 1;
-            self.retrying = true;
-            self.rewind(self.una);
-            self.arm_retx(now);
+            self.retry_from(now, self.una, stats);
         }
+    }
+
+    /// Whether a retry round (a timeout's or a sequence NAK's go-back-N) is resending from
+    /// `una`: a retry was spent and no ACK has made progress since.
+    fn retrying(&self) -> bool {
+        self.retries_left < self.retry_cnt
+    }
+
+    /// Spends a retry on a go-back-N round from `psn`, or fails the oldest work request with
+    /// `RETRY_EXC_ERR` when none is left.
+    fn retry_from(&mut self, now: Instant, psn: u32, stats: &mut FabricStats) {
+        if self.retries_left == 0 {
+            stats.retries_exceeded += 1;
+            self.fail_front(WcStatus::RetryExcErr);
+            return;
+        }
+        self.retries_left -= 1;
+        self.rewind(psn);
+        self.arm_retx(now);
     }
 
     /// Writes the next frame (headers + payload, room for pad and ICRC left at the end) into
