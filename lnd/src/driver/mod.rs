@@ -169,7 +169,30 @@ struct Shared {
     /// eventfd write, and an epoll round to clear it). Set before the scheduler's last look at
     /// the queue; read after the command is queued (both `SeqCst`: one of them sees the other).
     sleeping: AtomicBool,
+    /// The scheduler has left its loop: nothing will take commands from `queue` any more, so
+    /// whoever queues one after this reports it (set before the scheduler's final drain, read
+    /// after a push, both `SeqCst`: a command is either drained there or seen here).
+    exited: AtomicBool,
     upcalls: Arc<dyn LndUpcalls>,
+}
+
+impl Shared {
+    /// Ends every command left once the scheduler has exited (`local` first: the commands
+    /// its own upcalls queued): a send fails with `ESHUTDOWN`, a query gets an empty answer.
+    /// Safe to run on several threads at once: each command is popped by one of them.
+    fn drain_exited(&self, mut local: impl FnMut() -> Option<Cmd>) {
+        while let Some(cmd) = local().or_else(|| self.queue.pop()) {
+            match cmd {
+                Cmd::Send(msg) => self
+                    .upcalls
+                    .send_done(msg.token, Err(LndError::new(Errno::ESHUTDOWN, Health::LocalDropped))),
+                Cmd::Peers(tx) => {
+                    let _ = tx.send(Vec::new());
+                }
+                Cmd::ClosePeer(_) | Cmd::Stats(_) | Cmd::Shutdown => {}
+            }
+        }
+    }
 }
 
 /// One scheduler thread and its engine's share of the peers.
@@ -220,7 +243,11 @@ impl SchedulerHandle {
         }
         self.shared.queue.push(cmd);
         std::sync::atomic::fence(Ordering::SeqCst);
-        if self.shared.sleeping.load(Ordering::SeqCst) {
+        if self.shared.exited.load(Ordering::SeqCst) {
+            // Raced the scheduler's exit (`Lnd::send` saw `stopping` unset just before): the
+            // command may sit behind its final drain, so this thread ends it.
+            self.shared.drain_exited(|| None);
+        } else if self.shared.sleeping.load(Ordering::SeqCst) {
             let _ = self.shared.waker.wake();
         }
     }
@@ -320,6 +347,7 @@ impl Driver {
                 waker,
                 upcalls: upcalls.clone(),
                 sleeping: AtomicBool::new(false),
+                exited: AtomicBool::new(false),
             });
             let s2 = shared.clone();
             let name = if n == 1 {
@@ -591,6 +619,11 @@ impl<D: Device> Scheduler<D> {
             }
             if let Err(e) = polled {
                 if e.kind() != io::ErrorKind::Interrupted {
+                    // The scheduler cannot wait for anything any more: end every transmit
+                    // and receive it holds (and, below, every command queued later) rather
+                    // than drop them with the engine.
+                    eprintln!("lnd: {}: scheduler stops: polling failed: {e}", self.engine.nid());
+                    self.engine.abandon(self.clock.now());
                     break;
                 }
             }
@@ -605,19 +638,11 @@ impl<D: Device> Scheduler<D> {
                 }
             }
         }
-        // Sends that raced the shutdown are reported, never dropped.
-        while let Some(cmd) = pop_local().or_else(|| self.shared.queue.pop()) {
-            match cmd {
-                Cmd::Send(msg) => self
-                    .shared
-                    .upcalls
-                    .send_done(msg.token, Err(LndError::new(Errno::ESHUTDOWN, Health::LocalDropped))),
-                Cmd::Peers(tx) => {
-                    let _ = tx.send(Vec::new());
-                }
-                Cmd::ClosePeer(_) | Cmd::Stats(_) | Cmd::Shutdown => {}
-            }
-        }
+        // Sends that raced the shutdown are reported, never dropped: those queued from now on
+        // by the thread that queues them (`SchedulerHandle::push`).
+        self.shared.exited.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.shared.drain_exited(pop_local);
     }
 
     /// Runs the commands LNet's threads (and this thread's upcalls) queued.
@@ -683,6 +708,7 @@ impl<D: Device> Scheduler<D> {
 mod tests {
     use lnet_shim::frags::Frags;
     use lnet_shim::hdr::{LnetHdr, LnetMsg, PutMsg, WireHandle};
+    use lnet_shim::lnd::{RecvDisposition, SendStatus};
     use lnet_shim::nid::ProcessId;
 
     use super::*;
@@ -719,5 +745,49 @@ mod tests {
         early_sends(&mut out);
         assert_eq!(out.iter().map(|s| s.token).collect::<Vec<_>>(), [1, 2, 3]);
         assert!(local_is_empty());
+    }
+
+    /// Records every `send_done`; receives are dropped.
+    #[derive(Default)]
+    struct SendsDone(Mutex<Vec<(u64, Result<SendStatus, LndError>)>>);
+
+    impl LndUpcalls for SendsDone {
+        fn recv(&self, _: Nid, _: &LnetHdr, _: bool) -> RecvDisposition {
+            RecvDisposition::Drop
+        }
+        fn recv_done(&self, _: u64, _: Result<usize, LndError>) {}
+        fn send_done(&self, token: u64, result: Result<SendStatus, LndError>) {
+            self.0.lock().unwrap().push((token, result));
+        }
+    }
+
+    /// A send that passed `Lnd::send`'s `stopping` check just before another thread shut the
+    /// driver down reaches the queue after the scheduler's final drain: the thread that
+    /// queued it reports it (before, it sat there unreported for good).
+    #[test]
+    fn a_send_queued_after_the_scheduler_exited_is_reported_once() {
+        let nid = Nid::o2ib(std::net::Ipv4Addr::new(10, 0, 0, 1));
+        let net = crate::fabric::soft::SimNet::new(1, Duration::from_micros(10));
+        let dev = SoftDevice::open_sim(&net, nid.addr(), SoftConfig::default());
+        let mut tunables = Tunables::default();
+        tunables.finalize().unwrap();
+        let config =
+            DriverConfig { nid, tunables, fabric: FabricChoice::Soft(SoftConfig::default()), seed: Some(1) };
+        let up = Arc::new(SendsDone::default());
+        let driver = Driver::start_on(dev, config, up.clone()).unwrap();
+        driver.shutdown();
+        assert!(driver.schedulers.iter().all(|s| s.shared.exited.load(Ordering::SeqCst)));
+        // What that send does next, after the check.
+        driver.schedulers[0].push(send(7));
+        let done = std::mem::take(&mut *up.0.lock().unwrap());
+        assert!(
+            matches!(&done[..], [(7, Err(e))] if e.errno == Errno::ESHUTDOWN),
+            "one ESHUTDOWN for the late send, got {done:?}"
+        );
+        assert!(driver.schedulers[0].shared.queue.is_empty());
+        // And `Lnd::send` itself refuses from now on.
+        let Cmd::Send(msg) = send(8) else { unreachable!() };
+        assert!(driver.send(msg).is_err_and(|e| e.errno == Errno::ESHUTDOWN));
+        assert!(up.0.lock().unwrap().is_empty(), "a refused send is not reported as well");
     }
 }

@@ -108,8 +108,15 @@ impl<D: Device> Engine<D> {
         self.by_qpn.insert(qpn, k);
         self.by_cq_fd.insert(fd, k);
         self.fd_changes.push(super::FdChange::Add { fd, token: k });
+        // Counted from the moment it exists, so that every close (`close_conn_only`) takes
+        // back exactly what was added, whatever step of the setup failed.
         if let Some(p) = self.peers.get_mut(&peer) {
             p.conns.push(k);
+            if active {
+                p.connecting += 1;
+            } else {
+                p.accepting += 1;
+            }
         }
         Ok(k)
     }
@@ -178,13 +185,20 @@ impl<D: Device> Engine<D> {
             local_ack_timeout: self.cfg.qp_ack_timeout,
             private_data: private,
         };
-        let id = self.cm.connect(now, params).map_err(|_| err(Errno::EINVAL, Health::LocalError))?;
+        let id = match self.cm.connect(now, params) {
+            Ok(id) => id,
+            Err(_) => {
+                // The caller fails (or retries) what waits for the peer.
+                let e = err(Errno::EINVAL, Health::LocalError);
+                self.close_conn_only(now, key, e);
+                return Err(e);
+            }
+        };
         if let Some(c) = self.conns.get_mut(key) {
             c.cm_id = Some(id);
         }
         self.by_cm.insert(id.0, key);
         if let Some(p) = self.peers.get_mut(&nid) {
-            p.connecting += 1;
             p.queue_depth = q;
         }
         Ok(())
@@ -366,10 +380,6 @@ impl<D: Device> Engine<D> {
         if self.cm.accept(now, id, qpn, psn, rnr, &private).is_err() {
             self.forget_cm(key);
             self.close_conn(now, key, err(Errno::EIO, Health::LocalError));
-            return;
-        }
-        if let Some(p) = self.peers.get_mut(&nid) {
-            p.accepting += 1;
         }
     }
 

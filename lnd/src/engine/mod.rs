@@ -661,6 +661,25 @@ impl<D: Device> Engine<D> {
             .unwrap_or_default()
     }
 
+    /// Each peer's attempt counters against its connections still being set up (tests: the
+    /// simulations check it after every poll). `connecting` and `accepting` decide whether a
+    /// peer is reachable and whether a new attempt may start, so a count that drifts from the
+    /// connections fails or holds transmits wrongly.
+    #[cfg(test)]
+    pub(crate) fn check_attempt_counts(&self) -> Result<(), String> {
+        for (nid, p) in &self.peers {
+            let of = |state| self.conns.iter().filter(|(_, c)| c.peer == *nid && c.state == state).count();
+            let (active, passive) = (of(ConnState::ActiveConnect), of(ConnState::PassiveWait));
+            if (p.connecting as usize, p.accepting as usize) != (active, passive) {
+                return Err(format!(
+                    "{nid}: connecting {} accepting {}, but {active} active and {passive} passive connections being set up",
+                    p.connecting, p.accepting
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The CM id table size (leak checks).
     pub fn cm_live(&self) -> usize {
         self.cm.live()

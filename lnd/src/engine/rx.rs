@@ -203,7 +203,14 @@ impl<D: Device> Engine<D> {
     fn answer_put_req(&mut self, now: Instant, key: usize, cookie: u64, disp: RecvDisposition) -> After {
         let (frags, mlength, token) = match disp {
             RecvDisposition::Sink { frags, mlength, token } => (frags, mlength, token),
-            RecvDisposition::Drop | RecvDisposition::Source { .. } => {
+            RecvDisposition::Source { token, .. } => {
+                // A GET header in a PUT_REQ (LNet accepted it as a GET to answer): nothing can
+                // sink the data. End the receive LNet holds for it, and NAK the source.
+                self.upcalls.recv_done(token, Err(err(Errno::EINVAL, Health::LocalError)));
+                self.send_completion(now, key, MsgType::PutNak, cookie, Errno::ENODATA.as_i32(), Upper::None);
+                return After::Repost(RxRepost::PeerCredit);
+            }
+            RecvDisposition::Drop => {
                 // Nothing wants the data: tell the source it matched nothing.
                 self.send_completion(now, key, MsgType::PutNak, cookie, Errno::ENODATA.as_i32(), Upper::None);
                 return After::Repost(RxRepost::PeerCredit);

@@ -86,13 +86,17 @@ pub(crate) fn plan_rdma(
 }
 
 /// The checks a send must pass before it is accepted: a peer on this network, a payload whose
-/// size matches the header, fragments inside their buffers.
+/// size matches the header (none for a GET), fragments inside their buffers.
 pub fn validate_send(me: Nid, msg: &LndSend) -> Result<(), LndError> {
     if msg.target.net() != me.net() || msg.target.is_any() || msg.target == me {
         return Err(err(Errno::EHOSTUNREACH, Health::LocalError));
     }
     let payload = frags_len(&msg.payload).ok_or(err(Errno::EINVAL, Health::LocalError))?;
+    // A GET carries no payload (its data comes back in the REPLY): one with a payload would
+    // go as a PUT_REQ that no peer can sink.
+    let get_with_payload = msg.hdr.msg_type() == LnetMsgType::Get && payload != 0;
     if payload != msg.hdr.payload_length as usize
+        || get_with_payload
         || !msg.payload.iter().all(Frag::is_valid)
         || !msg.get_sink.iter().flatten().all(Frag::is_valid)
     {
@@ -448,5 +452,32 @@ mod tests {
         assert_eq!(plan_rdma(&src, 1, &dst, 40960, 2, 4), Err(RdmaSetupError::TooManyFragments));
         assert_eq!(plan_rdma(&src, 1, &dst[..2], 40960, 2, 257), Err(RdmaSetupError::SinkTooSmall));
         assert!(plan_rdma(&src, 1, &dst, 0, 2, 257).unwrap().is_empty());
+    }
+
+    #[test]
+    fn sends_that_no_peer_could_take_are_refused() {
+        use crate::engine::tests::{filled, get_hdr, put_hdr};
+        let (me, peer) = (Nid::o2ib([10, 0, 0, 1].into()), Nid::o2ib([10, 0, 0, 2].into()));
+        let send = |hdr, payload: Frags| LndSend { target: peer, hdr, payload, get_sink: None, token: 1 };
+        let errno = |m: &LndSend| validate_send(me, m).map_err(|e| e.errno);
+        assert_eq!(errno(&send(put_hdr(me, peer, 1, 100), Frag::whole(filled(1, 100)).into())), Ok(()));
+        // The header's payload length and the payload differ.
+        assert_eq!(
+            errno(&send(put_hdr(me, peer, 1, 99), Frag::whole(filled(1, 100)).into())),
+            Err(Errno::EINVAL)
+        );
+        // A GET with a payload: it would go as a PUT_REQ that the peer cannot sink.
+        let mut get = get_hdr(me, peer, 1, 8192);
+        get.payload_length = 8192;
+        assert_eq!(errno(&send(get, Frag::whole(filled(1, 8192)).into())), Err(Errno::EINVAL));
+        assert_eq!(errno(&send(get_hdr(me, peer, 1, 8192), Frags::new())), Ok(()));
+        // Ourselves, another network.
+        let to_me = LndSend { target: me, ..send(put_hdr(me, me, 1, 0), Frags::new()) };
+        assert_eq!(errno(&to_me), Err(Errno::EHOSTUNREACH));
+        let tcp = LndSend {
+            target: "10.0.0.2@tcp".parse().unwrap(),
+            ..send(put_hdr(me, peer, 1, 0), Frags::new())
+        };
+        assert_eq!(errno(&tcp), Err(Errno::EHOSTUNREACH));
     }
 }

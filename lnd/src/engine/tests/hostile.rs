@@ -405,3 +405,31 @@ fn a_get_whose_done_never_comes_expires_once_at_its_deadline() {
     sim.put(0, 1, 30, 100);
     assert!(sim.wait_send(0, 30, 1_000_000).is_ok(), "seed {s}");
 }
+
+/// Node 1's PUT_REQ says, in its LNet header (type at body byte 24), that it is a GET. Node 0's
+/// LNet takes such a header as a GET it answers from a source, holding an MD for it: the
+/// engine must end that receive (and NAK the PUT_REQ), not leave it held for good.
+#[test]
+fn a_put_req_carrying_a_get_header_ends_the_receive_lnet_accepted() {
+    let s = seed();
+    let mut sim = sim_with_hostile(
+        s,
+        on_type(MsgType::PutReq, |m| m[48 + 24..48 + 28].copy_from_slice(&2u32.to_le_bytes())),
+    );
+    let len = 256 << 10;
+    // What node 0's LNet matches the rewritten header with.
+    sim.nodes[0].lnet.post_source(1, vec![Frag::whole(filled(1, len))]);
+    let sink = sim.put(1, 0, 1, len);
+    let r = sim.wait_send(1, 1, 2_000_000).map_err(|e| e.errno);
+    assert_eq!(r, Err(Errno::ENODATA), "seed {s}: the PUT is NAKed");
+    sim.run_for(Duration::from_millis(100));
+    sim.gather();
+    let recv = sim.recvs.get(&(0, 1)).map(|(n, r)| (*n, r.as_ref().map_err(|e| e.errno).copied()));
+    assert_eq!(recv, Some((1, Err(Errno::EINVAL))), "seed {s}: the receive ended once");
+    assert_eq!(sim.sends[&(1, 1)].0, 1, "seed {s}: the PUT completed exactly once");
+    assert!(sink.to_vec(0, len).unwrap().iter().all(|&x| x == 0), "seed {s}: nothing written");
+    // A well-formed message: the connection stays and carries the next PUT.
+    assert_eq!(sim.nodes[0].engine.conn_details(nid(1)).len(), 1, "seed {s}");
+    sim.put(1, 0, 2, 100);
+    assert!(sim.wait_send(1, 2, 1_000_000).is_ok(), "seed {s}");
+}

@@ -223,6 +223,9 @@ impl Sim {
             if n.engine.poll(self.now) {
                 *last = self.now;
             }
+            if let Err(e) = n.engine.check_attempt_counts() {
+                panic!("seed {}: step {}: {e}", self.seed, self.steps);
+            }
         }
         let mut next = self.nodes.iter().filter_map(|n| n.engine.next_deadline()).min();
         if let Some(window) = self.spin {
