@@ -14,6 +14,7 @@ use lnd::tunables::Tunables;
 use lnd_tests::unique_port;
 use lnet_shim::buffer::Buffer;
 use lnet_shim::event::{Errno, Event, EventKind, EventQueue};
+use lnet_shim::frags::Frag;
 use lnet_shim::lnd::Lnd;
 use lnet_shim::matching::{ANY_PROCESS, MatchEntry, MdHandle, MdOptions, Threshold, Unlink};
 use lnet_shim::nid::{Nid, ProcessId};
@@ -130,6 +131,38 @@ fn put_with_ack_immediate_and_rdma() {
     assert_eq!(peer.counters.recv_bytes, 200 + (1 << 20));
     let lnd = peer.lnd.expect("the LND reports the peer");
     assert_eq!(lnd.state, lnet_shim::lnd::PeerState::Connected, "{s}");
+}
+
+/// PUTs larger than the target's MD, which has `TRUNCATE`: IMMEDIATE (200 into 100) and by
+/// RDMA (5000 into 4096, 64 KiB into 8 KiB). The MD gets its first bytes, the ACK reports
+/// the matched length, and nothing past the MD is written.
+#[test]
+fn puts_into_a_truncating_md_deliver_what_it_holds() {
+    let (a, b) = pair(7);
+    for (i, (len, cap)) in [(200usize, 100usize), (5000, 4096), (64 << 10, 8 << 10)].into_iter().enumerate() {
+        let bits = 20 + i as u64;
+        let (qa, qb) = (EventQueue::new(8), EventQueue::new(8));
+        // One byte more than the MD: the buffer past it stays zero.
+        let mem = Arc::new(Buffer::new(cap + 1));
+        let md = Md::new(Frag { buf: mem.clone(), offset: 0, len: cap })
+            .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
+            .with_events(qb.clone());
+        b.lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, bits), md, Unlink::Retain).unwrap();
+        let data = pattern(bits, len);
+        let h = bind(&a, buf(&data), 2, &qa);
+        a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, bits, 0, 0).unwrap();
+        let put = next(&qb);
+        assert_eq!(
+            (put.kind, put.status, put.mlength, put.rlength),
+            (EventKind::Put, Ok(()), cap as u64, len as u64)
+        );
+        let got = mem.to_vec(0, cap + 1).unwrap();
+        assert!(got[..cap] == data[..cap], "PUT of {len} into {cap}: corrupt");
+        assert_eq!(got[cap], 0, "PUT of {len} into {cap}: written past the MD");
+        let (send, ack) = (next(&qa), next(&qa));
+        assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())), "len {len}");
+        assert_eq!((ack.kind, ack.status, ack.mlength), (EventKind::Ack, Ok(()), cap as u64), "len {len}");
+    }
 }
 
 #[test]

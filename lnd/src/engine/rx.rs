@@ -286,14 +286,23 @@ impl<D: Device> Engine<D> {
 
     /// The sink answered our PUT_REQ: RDMA WRITE the payload, then PUT_DONE reusing the
     /// descriptor (if the transfer cannot be set up, only a PUT_DONE with the error).
+    ///
+    /// As much moves as the sink describes (`kiblnd_rd_size` of the PUT_ACK's descriptor): the
+    /// bytes its MD matched, fewer than the payload when the MD truncates. A sink describing
+    /// more than the payload is a protocol error (o2iblnd: "Src buffer exhausted").
     fn put_ack_received(&mut self, now: Instant, key: usize, txk: usize, dst_cookie: u64, rd: RdmaDesc<'_>) {
         let dst: Vec<RdmaFrag> = rd.iter().collect();
         let (wrq_sge, max_frags) = (self.wrq_sge_of(key), self.max_frags_of(key));
         let Some(t) = self.txs.get_mut(txk) else { return };
-        let nob = t.source.iter().map(|s| u64::from(s.length)).sum::<u64>();
-        let plan = plan_rdma(&t.source, rd.key(), &dst, nob, wrq_sge, max_frags);
+        let payload = t.source.iter().map(|s| u64::from(s.length)).sum::<u64>();
+        let plan = match rd.size().map(u64::from) {
+            Some(nob) if nob <= payload => {
+                plan_rdma(&t.source, rd.key(), &dst, nob, wrq_sge, max_frags).map(|wrs| (wrs, nob))
+            }
+            _ => Err(RdmaSetupError::SourceTooSmall),
+        };
         let status = match plan {
-            Ok(wrs) => {
+            Ok((wrs, nob)) => {
                 t.rdma = wrs;
                 i32::try_from(nob).unwrap_or(i32::MAX)
             }
@@ -301,8 +310,13 @@ impl<D: Device> Engine<D> {
                 let errno = match e {
                     RdmaSetupError::TooManyFragments => Errno::EMSGSIZE,
                     RdmaSetupError::SinkTooSmall => Errno::EINVAL,
+                    RdmaSetupError::SourceTooSmall => Errno::EPROTO,
                 };
-                t.fail(err(errno, Health::LocalError));
+                let health = if errno == Errno::EPROTO { Health::RemoteError } else { Health::LocalError };
+                t.fail(err(errno, health));
+                if errno == Errno::EPROTO {
+                    self.stats.protocol_errors += 1;
+                }
                 errno.as_i32()
             }
         };

@@ -29,6 +29,8 @@ pub(crate) enum RdmaSetupError {
     TooManyFragments,
     /// The sink is smaller than the data.
     SinkTooSmall,
+    /// The source holds less than the data (a sink describing more than the payload).
+    SourceTooSmall,
 }
 
 /// Builds the RDMA WRITEs moving `nob` bytes from `src` into `dst` (`kiblnd_init_rdma`): each
@@ -49,9 +51,8 @@ pub(crate) fn plan_rdma(
     let mut left = nob;
     let mut new_wr = true;
     while left > 0 {
-        let (Some(s), Some(d)) = (src.get(si), dst.get(di)) else {
-            return Err(RdmaSetupError::SinkTooSmall);
-        };
+        let Some(s) = src.get(si) else { return Err(RdmaSetupError::SourceTooSmall) };
+        let Some(d) = dst.get(di) else { return Err(RdmaSetupError::SinkTooSmall) };
         let s_left = u64::from(s.length) - soff;
         let d_left = u64::from(d.nob) - doff;
         if s_left == 0 {
@@ -451,6 +452,7 @@ mod tests {
         let dst: Vec<RdmaFrag> = (0..10).map(|i| frag(i * 8192, 4096)).collect();
         assert_eq!(plan_rdma(&src, 1, &dst, 40960, 2, 4), Err(RdmaSetupError::TooManyFragments));
         assert_eq!(plan_rdma(&src, 1, &dst[..2], 40960, 2, 257), Err(RdmaSetupError::SinkTooSmall));
+        assert_eq!(plan_rdma(&src[..2], 1, &dst, 40960, 2, 257), Err(RdmaSetupError::SourceTooSmall));
         assert!(plan_rdma(&src, 1, &dst, 0, 2, 257).unwrap().is_empty());
     }
 

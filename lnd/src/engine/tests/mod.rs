@@ -466,6 +466,39 @@ fn put_and_get_by_rdma_write() {
     assert_write_path(&sim);
 }
 
+/// A PUT moved by RDMA into an MD that matched fewer bytes than it carries (LNet's
+/// `TRUNCATE`): the sink's PUT_ACK describes only those, and only those move (o2iblnd sizes
+/// the WRITEs from the PUT_ACK's descriptor). Before, the source planned the whole payload
+/// into the shorter sink and failed the PUT with EINVAL.
+#[test]
+fn an_rdma_put_into_a_truncating_md_moves_what_the_md_matched() {
+    let s = seed();
+    let mut sim = Sim::new(s, 2, &tunables(), FaultConfig::NONE);
+    let (a, b) = (nid(0), nid(1));
+    for (tag, len, cap) in [(1u64, 5000usize, 4096usize), (2, 64 << 10, 8 << 10), (3, 1 << 20, 1)] {
+        // The MD is one byte larger than it matches: that byte must stay untouched.
+        let sink = Arc::new(Buffer::new(cap + 1));
+        sim.nodes[1].lnet.post_sink(tag, vec![Frag::whole(sink.clone())], cap);
+        let msg = LndSend {
+            target: b,
+            hdr: put_hdr(a, b, tag, len),
+            payload: Frag::whole(filled(tag, len)).into(),
+            get_sink: None,
+            token: tag,
+        };
+        sim.nodes[0].engine.send(sim.now, msg).unwrap();
+        let r = sim.wait_send(0, tag, 1_000_000);
+        assert_eq!(r, Ok(SendStatus { reply_len: None }), "seed {s}: PUT of {len} into {cap}");
+        sim.run_for(Duration::from_millis(1));
+        sim.gather();
+        let recv = sim.recvs.get(&(1, tag)).map(|(n, r)| (*n, r.as_ref().ok().copied()));
+        assert_eq!(recv, Some((1, Some(cap))), "seed {s}: the sink got {cap} of {len} bytes, once");
+        let got = sink.to_vec(0, cap + 1).unwrap();
+        assert!(got[..cap].iter().enumerate().all(|(i, &x)| x == pattern_byte(tag, i)), "seed {s}");
+        assert_eq!(got[cap], 0, "seed {s}: nothing past what the MD matched");
+    }
+}
+
 /// Asserts, for every connected pair, that one side's credits plus the other side's owed
 /// credits never exceed the queue depth (the rest is in flight), and that counters are sane.
 pub(crate) fn check_credit_invariant(sim: &Sim) {
