@@ -268,6 +268,40 @@ fn a_bad_tunables_file_names_file_line_and_key() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `local` checks its tunables file before starting its server: a bad one is one line and no
+/// process starts; a file with warnings has each printed once, not by the server and the
+/// client each.
+#[test]
+fn local_checks_its_tunables_once_before_starting() {
+    let dir = std::env::temp_dir().join(format!("lnd-bench-local-conf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (bad, warn) = (dir.join("bad.conf"), dir.join("warn.conf"));
+    std::fs::write(&bad, "options ko2iblnd peer_credit=32\n").unwrap();
+    let text = "options ko2iblnd credits=64 peer_credits=128\noptions lnet networks=\"tcp0(eth0)\"\n";
+    std::fs::write(&warn, text).unwrap();
+    let port = unique_port(7).to_string();
+    let run = |conf: &std::path::Path| {
+        let c = conf.to_string_lossy().into_owned();
+        spawn(BIN, &["local", "--tunables", &c, "--port", &port, "--duration", "0.05", "--json"])
+            .wait(Duration::from_secs(120))
+    };
+    let o = run(&bad);
+    assert_eq!(o.code, Some(1), "{o:?}");
+    assert_eq!(o.stderr.trim().lines().count(), 1, "{o:?}");
+    assert!(o.stderr.contains("bad.conf:1") && o.stderr.contains("peer_credit"), "{o:?}");
+    let o = run(&warn);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(o.success, "{o:?}");
+    let warnings: Vec<&str> = o.stderr.lines().filter(|l| l.contains("warning:")).collect();
+    // The clamp, and the networks line that leaves out the server's and the client's network.
+    assert_eq!(warnings.len(), 3, "{o:?}");
+    assert!(warnings[0].contains("warn.conf:1: peer_credits=128 lowered to 64"), "{o:?}");
+    for nid in ["127.0.0.1@o2ib", "127.0.0.2@o2ib"] {
+        let w = format!("does not include o2ib0 (the network of {nid})");
+        assert!(warnings.iter().any(|l| l.contains(&w)), "{w}: {o:?}");
+    }
+}
+
 #[test]
 fn a_fabric_port_already_taken_or_an_address_not_of_this_host_says_what_to_do() {
     let port = unique_port(2);
@@ -297,6 +331,26 @@ fn a_fabric_port_already_taken_or_an_address_not_of_this_host_says_what_to_do() 
     let o = spawn(BIN, &["server", "--nid", "192.0.2.1@o2ib", "--port", &p]).wait(Duration::from_secs(20));
     assert_eq!(o.code, Some(1), "{o:?}");
     assert!(o.stderr.contains("192.0.2.1 is not an address of this host"), "{o:?}");
+}
+
+/// A server that refuses the client (its `accept_nids` leaves the client out) is running: the
+/// client's error says the peer refused it, and does not ask whether the server runs.
+#[test]
+fn a_client_the_server_refuses_is_told_so() {
+    let port = unique_port(4);
+    let dir = std::env::temp_dir().join(format!("lnd-bench-refuse-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("only-9.conf");
+    std::fs::write(&path, "options ko2iblnd accept_nids=127.0.0.9@o2ib\n").unwrap();
+    let p = path.to_string_lossy().into_owned();
+    let s = spawn(BIN, &["server", "--nid", "127.0.0.1@o2ib", "--port", &port.to_string(), "--tunables", &p]);
+    let o = client(port, &["ping", "--count", "1", "--timeout", "20"]);
+    let _ = stop(s);
+    let _ = std::fs::remove_dir_all(dir);
+    assert!(!o.timed_out && !o.success, "{o:?}");
+    let last = o.stderr.trim().lines().last().unwrap_or_default().to_owned();
+    assert!(last.contains("ECONNREFUSED") && last.contains("refused the connection"), "{o:?}");
+    assert!(!last.contains("running?"), "{o:?}");
 }
 
 #[test]

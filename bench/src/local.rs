@@ -199,12 +199,16 @@ pub fn measure_matrix(args: &LocalArgs, matrix: &[Case]) -> Result<(Vec<Row>, bo
     for c in matrix {
         crate::fits_in_memory(c.size, c.concurrency)?;
     }
+    // The tunables file is checked here, once: a bad one is one line before any process
+    // starts, and its warnings are printed once (not by the server and the client each).
+    crate::node::load_tunables(args.tunables.as_deref(), &[args.server, args.client], true)?;
     let server = ServerProcess::start(args.server, args.tunables.as_deref(), args.fabric, args.port)?;
     let node = Node::start(&NodeOptions {
         nid: args.client,
         tunables: args.tunables.clone(),
         fabric: args.fabric,
         port: args.port,
+        tunables_warnings: false,
     })?;
     let mut rows = Vec::new();
     let mut ok = true;

@@ -307,6 +307,7 @@ fn run_client(target: &Target, common: &Common, mut spec: RunSpec, json: bool) -
         tunables: common.tunables.clone(),
         fabric: common.fabric,
         port: common.port,
+        tunables_warnings: true,
     })?;
     spec.server = ProcessId::new(target.to, ProcessId::PID_LUSTRE);
     let label =
@@ -328,11 +329,20 @@ fn run_client(target: &Target, common: &Common, mut spec: RunSpec, json: bool) -
     Ok(true)
 }
 
-/// The first error, with a hint when nothing ever got through and the peer did not answer: the
-/// usual cause is no `lnd-bench server` at that NID, or one on another `--port`.
+/// The first error, with a hint when nothing ever got through: when the peer did not answer,
+/// the usual cause is no `lnd-bench server` at that NID, or one on another `--port`; when it
+/// refused the connection (a CM REJ), it runs but will not take this client.
 fn unreachable_hint(e: &str, rpcs: u64, to: &Nid, common: &Common) -> String {
-    let no_answer = ["ETIMEDOUT", "EHOSTUNREACH", "ECONNREFUSED"].iter().any(|c| e.contains(c));
-    if rpcs > 0 || !no_answer {
+    if rpcs > 0 {
+        return e.to_owned();
+    }
+    if e.contains("ECONNREFUSED") {
+        return format!(
+            "{e}; no RPC completed: {to} refused the connection (does its `accept_nids` let this NID in? \
+             are its tunables compatible?)"
+        );
+    }
+    if !["ETIMEDOUT", "EHOSTUNREACH"].iter().any(|c| e.contains(c)) {
         return e.to_owned();
     }
     let on = match common.fabric {
@@ -353,11 +363,14 @@ fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
         Cmd::Server { nid, common, exit_on_stdin_eof } => {
             catch_signals();
+            // A server started by `local` (`--exit-on-stdin-eof`): `local` checked the tunables
+            // file and printed its warnings before starting it.
             let node = Node::start(&NodeOptions {
                 nid,
                 tunables: common.tunables,
                 fabric: common.fabric,
                 port: common.port,
+                tunables_warnings: !exit_on_stdin_eof,
             })?;
             println!("lnd-bench server ready on {nid}");
             let eof = std::sync::Arc::new(AtomicBool::new(false));

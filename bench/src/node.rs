@@ -8,6 +8,7 @@ use lnd::fabric::soft::SoftConfig;
 use lnd::tunables::Tunables;
 use lnet_shim::lnd::Lnd;
 use lnet_shim::nid::{Nid, ProcessId};
+use lnet_shim::parse_networks;
 use lnet_shim::{Lnet, LnetConfig};
 
 /// The default configuration, built in so the tool runs from any directory.
@@ -33,6 +34,9 @@ pub struct NodeOptions {
     pub fabric: Fabric,
     /// UDP port of the software fabric (RoCEv2's 4791 by default).
     pub port: u16,
+    /// Print the tunables file's warnings (off where another process or an earlier step of
+    /// this one printed them already: `local`'s server and client).
+    pub tunables_warnings: bool,
 }
 
 /// A running node.
@@ -45,17 +49,33 @@ pub struct Node {
     pub nid: Nid,
 }
 
-/// Reads the tunables (the file, or the built-in defaults), printing warnings to stderr.
-pub fn load_tunables(path: Option<&str>) -> Result<Tunables, String> {
+/// Reads the tunables (the file, or the built-in defaults); with `warn`, prints the file's
+/// warnings to stderr, and one for each of `nids` whose network the file's
+/// `options lnet networks=` leaves out (lnd-bench runs on the NIDs it is given, so such a
+/// line is not what it uses).
+pub fn load_tunables(path: Option<&str>, nids: &[Nid], warn: bool) -> Result<Tunables, String> {
     let parsed = match path {
         Some(p) => Tunables::load(Path::new(p)).map_err(|e| e.to_string())?,
         None => {
             Tunables::parse_str("conf/ko2iblnd.conf (built in)", DEFAULT_CONF).map_err(|e| e.to_string())?
         }
     };
+    let (Some(path), true) = (path, warn) else { return Ok(parsed.tunables) };
     for w in &parsed.warnings {
-        if path.is_some() {
-            eprintln!("lnd-bench: warning: {w}");
+        eprintln!("lnd-bench: warning: {w}");
+    }
+    if let Some(value) = parsed.lnet_option("networks").and_then(|o| o.value.as_deref()) {
+        match parse_networks(value) {
+            Err(e) => eprintln!("lnd-bench: warning: {path}: options lnet {e}; lnd-bench uses --nid"),
+            Ok(nets) => {
+                for nid in nids.iter().filter(|n| !nets.iter().any(|s| s.net == n.net())) {
+                    eprintln!(
+                        "lnd-bench: warning: {path}: options lnet networks=\"{value}\" does not include {} \
+                         (the network of {nid}); lnd-bench runs on the NID it is given",
+                        nid.net()
+                    );
+                }
+            }
         }
     }
     Ok(parsed.tunables)
@@ -93,7 +113,7 @@ fn start_error(e: &(dyn std::error::Error + 'static), opts: &NodeOptions) -> Str
 impl Node {
     /// Starts LNet and the LND on `opts.nid`.
     pub fn start(opts: &NodeOptions) -> Result<Node, String> {
-        let tunables = load_tunables(opts.tunables.as_deref())?;
+        let tunables = load_tunables(opts.tunables.as_deref(), &[opts.nid], opts.tunables_warnings)?;
         let fabric = match opts.fabric {
             Fabric::Soft => FabricChoice::Soft(SoftConfig { udp_port: opts.port, ..SoftConfig::default() }),
             #[cfg(feature = "verbs")]

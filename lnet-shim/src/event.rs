@@ -35,7 +35,8 @@ pub enum EventKind {
     /// `LNET_EVENT_ACK` (4): the ACK for this node's PUT arrived.
     Ack,
     /// `LNET_EVENT_SEND` (5): an outgoing PUT or GET left the MD; the buffer may be reused.
-    /// It does not mean delivery, and may come before or after the matching ACK/REPLY.
+    /// It does not mean delivery. The matching ACK/REPLY, if any, always comes after it (LNet
+    /// holds back a response that arrives first; see [`crate::Lnet`]'s contract).
     Send,
     /// `LNET_EVENT_UNLINK` (6): the MD was unlinked explicitly while idle.
     Unlink,

@@ -157,7 +157,8 @@ pub enum PeerState {
     Connecting,
     /// At least one connection is established.
     Connected,
-    /// The last attempt failed; sends will trigger a new one (paced).
+    /// The last connection attempt, or the last connection, failed (a peer that hung up, or
+    /// a close on request, leaves it `Idle`); sends will trigger a new attempt (paced).
     Failed,
 }
 

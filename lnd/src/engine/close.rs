@@ -158,6 +158,16 @@ impl<D: Device> Engine<D> {
             }
             self.tx_maybe_done(t);
         }
+        // Closed on request, not failed.
+        self.forget_failure(Some(peer));
+    }
+
+    /// The peer's connections ended without a failure (a hang-up, a close on request): it is
+    /// reported idle, not `Failed`, unless an attempt is under way or a connection is up.
+    pub(super) fn forget_failure(&mut self, peer: Option<Nid>) {
+        if let Some(p) = peer.and_then(|n| self.peers.get_mut(&n)) {
+            p.last_error = None;
+        }
     }
 
     /// Stops the interface: refuses new sends, fails everything pending, closes every

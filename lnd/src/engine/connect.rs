@@ -243,8 +243,15 @@ impl<D: Device> Engine<D> {
                 if let Some(key) = self.conn_for_cm(id) {
                     // Messages and ACKs that arrived before the peer's DREQ may still sit in
                     // the CQ: `close_conn` reaps them while the connection is established.
+                    let hung_up = self.conns.get(key).is_some_and(|c| c.state == ConnState::Established);
+                    let peer = self.conns.get(key).map(|c| c.peer);
                     self.forget_cm(key);
                     self.close_conn(now, key, err(Errno::ECONNABORTED, Health::RemoteDropped));
+                    if hung_up {
+                        // The peer ended a working connection: nothing failed, the peer is
+                        // idle (not `Failed`) until the next send connects again.
+                        self.forget_failure(peer);
+                    }
                 }
             }
         }

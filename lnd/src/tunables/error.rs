@@ -234,7 +234,7 @@ pub enum TunablesError {
     /// The first word of a line is not a modprobe.d directive.
     #[error(
         "{at}: unknown directive '{directive}' (expected options, alias, install, remove, \
-         softdep, blacklist){}",
+         softdep, weakdep, blacklist, include, config){}",
         .at.continuation_note()
     )]
     UnknownDirective {

@@ -352,9 +352,10 @@ impl Tunables {
         Duration::from_secs(u64::from(secs))
     }
 
-    /// The connection-setup timeout: `max(5 s, tx_timeout / 4)` (LU-17480).
+    /// The connection-setup timeout: `max(5 s, tx_timeout / 4)` in whole seconds, as o2iblnd
+    /// divides its integer seconds (LU-17480): 12 s for the default 50 s.
     pub fn connect_timeout(&self) -> Duration {
-        (self.tx_timeout() / 4).max(CONNECT_TIMEOUT_MIN)
+        Duration::from_secs(self.tx_timeout().as_secs() / 4).max(CONNECT_TIMEOUT_MIN)
     }
 
     /// The idle time before a keepalive NOOP, `None` when keepalives are disabled.

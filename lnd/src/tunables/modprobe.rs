@@ -215,7 +215,12 @@ impl<'a> Reader<'a> {
         let text = if raw.is_some() { text } else { "1".to_owned() };
         let setting = Setting { value: parsed, text, at: Some(at.clone()) };
         let previous = self.settings.set(p, setting);
-        if let Some(prev_at) = previous.at {
+        // An earlier line that only restated the default (as the shipped ko2iblnd.conf does for
+        // every parameter) is overridden silently: dropping it changes nothing. Otherwise the
+        // earlier line is dead, which is worth a word.
+        let restated_default =
+            previous.value == Settings::from_tunables(&super::Tunables::default()).get(p).value;
+        if let Some(prev_at) = previous.at.filter(|_| !restated_default) {
             let where_ = if prev_at.source == at.source {
                 format!("line {}", prev_at.line)
             } else {

@@ -496,24 +496,33 @@ impl Rules<'_> {
 
         // peer_credits (the queue depth Q): at least IBLND_CREDITS_DEFAULT, at most
         // IBLND_CREDITS_MAX, and never above credits; in that order, as o2iblnd.
+        // Each step is reported ("raised to 8 (...), then lowered to 4 (...)"); the warning points
+        // at peer_credits' line, or at credits' when only credits was set and lowered it.
         let mut q = peer_credits;
-        let mut why = "";
+        let mut steps: Vec<String> = Vec::new();
+        let mut step = |q: &mut i64, to: i64, why: String| {
+            let dir = if to > *q { "raised" } else { "lowered" };
+            steps.push(format!("{dir} to {to} ({why})"));
+            *q = to;
+        };
         if q < i64::from(PEER_CREDITS_MIN) {
-            q = i64::from(PEER_CREDITS_MIN);
-            why = "o2iblnd's minimum";
+            step(&mut q, i64::from(PEER_CREDITS_MIN), "o2iblnd's minimum".to_owned());
         }
         if q > i64::from(PEER_CREDITS_MAX) {
-            q = i64::from(PEER_CREDITS_MAX);
-            why = "o2iblnd's maximum: the wire's credit field is 8 bits";
+            let why = "o2iblnd's maximum: the wire's credit field is 8 bits".to_owned();
+            step(&mut q, i64::from(PEER_CREDITS_MAX), why);
         }
-        if q > credits {
-            q = credits;
-            why = "it may not exceed credits";
+        let by_credits = q > credits;
+        if by_credits {
+            step(&mut q, credits, format!("it may not exceed credits={credits}"));
         }
-        if q != peer_credits {
-            let dir = if q > peer_credits { "raised" } else { "lowered" };
-            let msg = format!("peer_credits={} {dir} to {q} ({why})", self.text(P::PeerCredits));
-            self.note(P::PeerCredits, WarningKind::Clamped, msg);
+        if !steps.is_empty() {
+            let msg = format!("peer_credits={} {}", self.text(P::PeerCredits), steps.join(", then "));
+            let at = match self.s.get(P::PeerCredits).at.clone() {
+                None if by_credits => self.s.get(P::Credits).at.clone(),
+                at => at,
+            };
+            self.warnings.push(Warning::new(at, WarningKind::Clamped, msg));
         }
 
         // peer_credits_hiw: 0 means Q/2; otherwise kept in [Q/2, Q-1].

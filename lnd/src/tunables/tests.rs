@@ -318,6 +318,13 @@ fn options_lines_accumulate_and_the_last_value_wins() {
         format!("{SRC}:3: peer_credits set again (was peer_credits=16 at line 1); the last value wins")
     );
 
+    // A line that restated the default is overridden without a word (the shipped file lists
+    // every default; appending your own line, as it suggests, must not flood warnings).
+    let c =
+        parse("options ko2iblnd peer_credits=8 credits=256\noptions ko2iblnd peer_credits=32 credits=1024\n");
+    assert_eq!((c.tunables.peer_credits, c.tunables.credits), (32, 1024));
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+
     // Across files, as modprobe reads every file of /etc/modprobe.d.
     let c = Tunables::parse_sources([
         ("a.conf", "options ko2iblnd peer_credits=16\noptions lnet networks=o2ib0(ib0)"),
@@ -644,10 +651,21 @@ fn peer_credits_is_clamped_and_reported() {
     );
     let (t, w) = one("options ko2iblnd credits=16\noptions ko2iblnd peer_credits=32");
     assert_eq!(t.peer_credits, 16);
-    assert_eq!(w, format!("{SRC}:2: peer_credits=32 lowered to 16 (it may not exceed credits)"));
-    // credits below the minimum wins over the minimum, as in o2iblnd.
-    let t = parse("options ko2iblnd credits=4").tunables;
+    assert_eq!(w, format!("{SRC}:2: peer_credits=32 lowered to 16 (it may not exceed credits=16)"));
+    // credits below the minimum wins over the minimum, as in o2iblnd. With peer_credits left at
+    // its default, the warning points at the credits line that lowered it.
+    let (t, w) = one("# small\noptions ko2iblnd credits=4");
     assert_eq!((t.peer_credits, t.peer_credits_hiw, t.concurrent_sends), (4, 2, 4));
+    assert_eq!(w, format!("{SRC}:2: peer_credits=8 lowered to 4 (it may not exceed credits=4)"));
+    // Both steps, in o2iblnd's order.
+    let (t, w) = one("options ko2iblnd credits=4 peer_credits=2");
+    assert_eq!(t.peer_credits, 4);
+    assert_eq!(
+        w,
+        format!(
+            "{SRC}:1: peer_credits=2 raised to 8 (o2iblnd's minimum), then lowered to 4 (it may not exceed credits=4)"
+        )
+    );
 }
 
 #[test]
@@ -869,7 +887,9 @@ fn per_connection_helpers() {
 fn durations_and_derived_sizes() {
     let t = defaults();
     assert_eq!(t.tx_timeout(), Duration::from_secs(50));
-    assert_eq!(t.connect_timeout(), Duration::from_millis(12_500));
+    assert_eq!(t.connect_timeout(), Duration::from_secs(12), "50 / 4 in whole seconds, as o2iblnd");
+    assert_eq!(parse("options ko2iblnd timeout=23").tunables.connect_timeout(), CONNECT_TIMEOUT_MIN);
+    assert_eq!(parse("options ko2iblnd timeout=99").tunables.connect_timeout(), Duration::from_secs(24));
     assert_eq!(t.keepalive_interval(), Some(Duration::from_secs(100)));
     assert_eq!(t.peer_timeout_duration(), Some(Duration::from_secs(180)));
     assert_eq!(t.path_mtu(), None);
@@ -923,6 +943,8 @@ fn the_shipped_conf_is_exactly_the_defaults() {
     for p in profiles {
         let text = format!("{SHIPPED}\noptions ko2iblnd {p}\n");
         let c = Tunables::parse_str("conf", &text).unwrap_or_else(|e| panic!("{p}: {e}"));
+        // Appended as the file suggests: no "set again" for the defaults it overrides.
+        assert!(!kinds(&c.warnings).contains(&WarningKind::Overridden), "{p}: {:?}", c.warnings);
         if p == "map_on_demand=1" {
             assert_eq!(kinds(&c.warnings), [WarningKind::Obsolete]);
         } else {

@@ -202,6 +202,26 @@ fn a_dead_peer_is_detected_within_keepalive_plus_retries() {
     assert_eq!(p[0].state, PeerState::Failed, "seed {s}: {p:?}");
 }
 
+/// A peer that hangs up (node 1 closes its connection on request; node 0 gets the DREQ) is
+/// idle on both sides, not `Failed` (a failure is what the keepalive test above sees); the
+/// next send connects again.
+#[test]
+fn a_peer_that_hung_up_is_idle_not_failed() {
+    let s = seed();
+    let mut sim = Sim::new(s, 2, &tunables(), FaultConfig::NONE);
+    sim.put(0, 1, 1, 100);
+    assert!(sim.wait_send(0, 1, 100_000).is_ok(), "seed {s}");
+    sim.nodes[1].engine.close_peer(sim.now, nid(0));
+    let ok = sim.run_until(1_000_000, |sim| sim.nodes[0].engine.conn_details(nid(1)).is_empty());
+    assert!(ok, "seed {s}: node 0 saw the hang-up");
+    let state = |sim: &Sim, i: usize| sim.nodes[i].engine.peers().first().map(|p| p.state);
+    assert_eq!(state(&sim, 0), Some(PeerState::Idle), "seed {s}: the side that got the DREQ");
+    assert_eq!(state(&sim, 1), Some(PeerState::Idle), "seed {s}: the side that closed");
+    sim.put(0, 1, 2, 100);
+    assert!(sim.wait_send(0, 2, 1_000_000).is_ok(), "seed {s}: connects again");
+    assert_eq!(state(&sim, 0), Some(PeerState::Connected), "seed {s}");
+}
+
 #[test]
 fn transfers_in_flight_to_a_crashed_peer_fail_exactly_once_then_a_restart_works() {
     let s = seed();
