@@ -291,7 +291,21 @@ impl Sim {
     /// Sends a PUT of `len` pattern bytes tagged `tag` from `a` to `b`, posting `b`'s sink.
     pub(crate) fn put(&mut self, a: usize, b: usize, tag: u64, len: usize) -> Arc<Buffer> {
         let sink = Arc::new(Buffer::new(len));
-        self.nodes[b].lnet.post_sink(tag, vec![Frag::whole(sink.clone())], len);
+        self.put_into(a, b, tag, len, &sink, len);
+        sink
+    }
+
+    /// [`Sim::put`] into `sink`, whose MD at `b` matches at most `cap` bytes.
+    pub(crate) fn put_into(
+        &mut self,
+        a: usize,
+        b: usize,
+        tag: u64,
+        len: usize,
+        sink: &Arc<Buffer>,
+        cap: usize,
+    ) {
+        self.nodes[b].lnet.post_sink(tag, vec![Frag::whole(sink.clone())], cap);
         let (from, to) = (self.nodes[a].nid, self.nodes[b].nid);
         let msg = LndSend {
             target: to,
@@ -301,7 +315,6 @@ impl Sim {
             token: tag,
         };
         self.nodes[a].engine.send(self.now, msg).unwrap();
-        sink
     }
 
     /// Runs for `d` of virtual time.
@@ -474,19 +487,10 @@ fn put_and_get_by_rdma_write() {
 fn an_rdma_put_into_a_truncating_md_moves_what_the_md_matched() {
     let s = seed();
     let mut sim = Sim::new(s, 2, &tunables(), FaultConfig::NONE);
-    let (a, b) = (nid(0), nid(1));
     for (tag, len, cap) in [(1u64, 5000usize, 4096usize), (2, 64 << 10, 8 << 10), (3, 1 << 20, 1)] {
         // The MD is one byte larger than it matches: that byte must stay untouched.
         let sink = Arc::new(Buffer::new(cap + 1));
-        sim.nodes[1].lnet.post_sink(tag, vec![Frag::whole(sink.clone())], cap);
-        let msg = LndSend {
-            target: b,
-            hdr: put_hdr(a, b, tag, len),
-            payload: Frag::whole(filled(tag, len)).into(),
-            get_sink: None,
-            token: tag,
-        };
-        sim.nodes[0].engine.send(sim.now, msg).unwrap();
+        sim.put_into(0, 1, tag, len, &sink, cap);
         let r = sim.wait_send(0, tag, 1_000_000);
         assert_eq!(r, Ok(SendStatus { reply_len: None }), "seed {s}: PUT of {len} into {cap}");
         sim.run_for(Duration::from_millis(1));
