@@ -159,11 +159,13 @@ impl<D: Device> Engine<D> {
         }
     }
 
-    /// The transmit on connection `key` waiting for a reply with `cookie`, sent as `sent`.
+    /// The transmit on connection `key` waiting for a reply with `cookie`, sent as `sent`: posted
+    /// already (`kiblnd_find_waiting_tx_locked` looks only at the active transmits). A request
+    /// still in a credit queue has not reached the peer, so an answer naming it is a lie.
     fn waiting_tx(&self, key: usize, cookie: u64, sent: MsgType) -> Option<usize> {
         let txk = *self.cookies.get(&cookie)?;
         let t = self.txs.get(txk)?;
-        (t.conn == Some(key) && t.waiting && t.msg_type == sent).then_some(txk)
+        (t.conn == Some(key) && t.waiting && !t.queued && t.msg_type == sent).then_some(txk)
     }
 
     /// The peer's answer ended a waiting transmit: `status` bytes or `-errno`. The answer is

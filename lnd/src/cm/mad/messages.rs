@@ -24,7 +24,8 @@ pub struct Rep {
     pub local_qpn: u32,
     /// Local EECN (24 bits; 0 unless RD).
     pub local_eecn: u32,
-    /// Starting PSN (24 bits): where the REQ's sender starts sending.
+    /// Starting PSN (24 bits): where the REP's sender starts sending (IBTA; the REQ's sender
+    /// expects it first; Linux reads it the other way round, see [`crate::cm::manager`]).
     pub starting_psn: u32,
     /// Responder resources.
     pub responder_resources: u8,

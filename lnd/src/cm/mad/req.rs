@@ -141,7 +141,9 @@ pub struct Req {
     pub transport_type: TransportType,
     /// End-to-end flow control.
     pub end_to_end_flow_control: bool,
-    /// Starting PSN (24 bits): where the *receiver* of this REQ starts sending.
+    /// Starting PSN (24 bits): where the REQ's sender starts sending (IBTA; the receiver of
+    /// the REQ expects it first). Linux's ib_cm reads it the other way round: see the PSN rule
+    /// in [`crate::cm::manager`].
     pub starting_psn: u32,
     /// Local CM Response Timeout code (5 bits): how long the sender takes to answer.
     pub local_cm_response_timeout: u8,
@@ -216,7 +218,7 @@ pub struct RoceReqParams {
     pub local_ca_guid: u64,
     /// The sender's QP number (24 bits).
     pub local_qpn: u32,
-    /// Random 24-bit PSN at which the passive side will start sending.
+    /// Random 24-bit PSN at which the sender of this REQ will start sending.
     pub starting_psn: u32,
     /// The sender's IPv4 address.
     pub local_ip: Ipv4Addr,

@@ -433,3 +433,44 @@ fn a_put_req_carrying_a_get_header_ends_the_receive_lnet_accepted() {
     sim.put(1, 0, 2, 100);
     assert!(sim.wait_send(1, 2, 1_000_000).is_ok(), "seed {s}");
 }
+
+/// Node 1's first PUT_ACK names (by its cookie, +16: cookies step by 2) node 0's ninth PUT_REQ,
+/// which still waits in the reserved queue (Q = 8): it never reached node 1. The answer must
+/// be refused as unmatched (o2iblnd looks only at the active transmits). Before, it turned the
+/// queued PUT_REQ into a PUT_DONE, wrote PUT 9's payload into PUT 1's sink, reported PUT 9 as
+/// delivered and left the transmit in two queues.
+#[test]
+fn a_put_ack_naming_a_put_req_not_yet_sent_closes_the_connection() {
+    let s = seed();
+    let mut sim = sim_with_hostile(
+        s,
+        on_type(MsgType::PutAck, |m| {
+            let mut c = [0u8; 8];
+            c.copy_from_slice(&m[48..56]);
+            m[48..56].copy_from_slice(&(u64::from_le_bytes(c) + 16).to_le_bytes());
+        }),
+    );
+    sim.put(0, 2, 800, 100);
+    assert!(sim.wait_send(0, 800, 1_000_000).is_ok(), "seed {s}");
+    let sinks: Vec<_> = (1..=9u64).map(|tag| sim.put(0, 1, tag, 64 << 10)).collect();
+    let ok = sim.run_until(2_000_000, |sim| {
+        check_credit_invariant(sim);
+        sim.gather();
+        (1..=9).all(|t| sim.sends.contains_key(&(0, t)))
+    });
+    assert!(ok, "seed {s}: every PUT completed");
+    sim.run_for(Duration::from_millis(100));
+    sim.gather();
+    for tag in 1..=9u64 {
+        let (n, r) = &sim.sends[&(0, tag)];
+        assert_eq!(*n, 1, "seed {s}: PUT {tag} completed exactly once");
+        // Only a PUT whose sink really got its bytes may succeed.
+        if r.is_ok() {
+            let got = sinks[tag as usize - 1].to_vec(0, 64 << 10).unwrap();
+            assert!(got == filled(tag, 64 << 10).to_vec(0, 64 << 10).unwrap(), "seed {s}: PUT {tag}");
+        }
+    }
+    assert!(sim.sends[&(0, 9)].1.is_err(), "seed {s}: PUT 9 never reached node 1");
+    assert!(sim.nodes[0].engine.stats().protocol_errors >= 1, "seed {s}: the stray PUT_ACK was counted");
+    assert_only_the_hostile_connection_closed(&mut sim, s);
+}
