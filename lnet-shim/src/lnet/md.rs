@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::{LnetError, State, Work};
 use crate::buffer::Buffer;
 use crate::event::{Errno, Event, EventKind, EventSink};
+use crate::hdr::WireHandle;
 use crate::lnd::{Frag, Frags, frags_len};
 use crate::matching::{MdHandle, MdOptions, MdSpec, Threshold};
 use crate::nid::Nid;
@@ -291,20 +292,55 @@ impl State {
         self.mds.get(&id).map_or(0, |rec| rec.length)
     }
 
+    /// Records that operation `p.op` on MD `id` waits for its response.
+    pub(super) fn push_pending(&mut self, id: u64, p: Pending) {
+        if let Some(rec) = self.mds.get_mut(&id) {
+            self.awaiting.insert(p.op, id);
+            rec.pending.push(p);
+        }
+    }
+
     /// Takes the response `op` waits for on MD `id`, if still outstanding.
     pub(super) fn take_pending_of(&mut self, id: u64, op: u64) -> Option<Pending> {
         let rec = self.mds.get_mut(&id)?;
         let at = rec.pending.iter().position(|p| p.op == op)?;
+        self.awaiting.remove(&op);
         Some(rec.pending.remove(at))
+    }
+
+    /// The response a peer's wire handle names: the outstanding one of that operation, if it
+    /// is ours, of `kind` and expected from `from` (with `match_bits`, for an ACK). Taken.
+    pub(super) fn take_pending_for_wire(
+        &mut self,
+        wmd: WireHandle,
+        kind: EventKind,
+        from: Nid,
+        match_bits: Option<u64>,
+    ) -> Option<(u64, Pending)> {
+        if wmd.interface_cookie != self.cookie {
+            return None;
+        }
+        let op = wmd.object_cookie;
+        let id = *self.awaiting.get(&op)?;
+        let p = self.mds.get(&id)?.pending.iter().find(|p| p.op == op)?;
+        if p.kind != kind || p.peer != from || match_bits.is_some_and(|b| b != p.match_bits) {
+            return None;
+        }
+        self.take_pending_of(id, op).map(|p| (id, p))
+    }
+
+    /// Takes every response MD `id` waits for.
+    fn take_all_pending(&mut self, id: u64) -> Vec<Pending> {
+        let pending = self.mds.get_mut(&id).map(|rec| std::mem::take(&mut rec.pending)).unwrap_or_default();
+        for p in &pending {
+            self.awaiting.remove(&p.op);
+        }
+        pending
     }
 
     /// Ends every response MD `id` waits for with `errno`.
     pub(super) fn cancel_pending(&mut self, id: u64, errno: Errno, work: &mut Work) {
-        let pending = match self.mds.get_mut(&id) {
-            Some(rec) => std::mem::take(&mut rec.pending),
-            None => return,
-        };
-        for p in pending {
+        for p in self.take_all_pending(id) {
             self.md_event(id, p.kind, &p.template, Err(errno), true, work);
         }
     }
@@ -313,14 +349,11 @@ impl State {
     /// `-ECANCELED` (after their operation's SEND event if that is still to come: the
     /// response stays the operation's last event); an idle MD goes at once with an UNLINK event.
     pub(super) fn unlink_md(&mut self, id: u64, work: &mut Work) {
-        let pending = match self.mds.get_mut(&id) {
-            Some(rec) => {
-                rec.unlinked = true;
-                std::mem::take(&mut rec.pending)
-            }
+        match self.mds.get_mut(&id) {
+            Some(rec) => rec.unlinked = true,
             None => return,
-        };
-        for p in pending {
+        }
+        for p in self.take_all_pending(id) {
             if self.msgs.contains_key(&p.op) {
                 // Still sending (a PUT's payload may still be read, a GET's reply still
                 // written): cancelled, but reported after the SEND, by `release_held`.

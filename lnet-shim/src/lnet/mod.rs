@@ -329,10 +329,14 @@ struct State {
     cookie: u64,
     phase: Phase,
     table: PortalTable,
-    /// MDs by id (the id is the [`MdHandle`] cookie and the wire handle's object cookie).
+    /// MDs by id (the id is the [`MdHandle`] cookie).
     mds: FastMap<u64, MdRecord>,
     next_md: u64,
     msgs: FastMap<u64, Msg>,
+    /// The MD of each operation whose ACK or REPLY is outstanding (its [`md::Pending`]), by
+    /// the operation's token: the object cookie of the wire handle that PUT or GET carried, so
+    /// a response names exactly the operation it answers.
+    awaiting: FastMap<u64, u64>,
     next_token: u64,
     nis: Vec<Ni>,
 }
@@ -406,6 +410,7 @@ impl Lnet {
                 mds: FastMap::default(),
                 next_md: 1,
                 msgs: FastMap::default(),
+                awaiting: FastMap::default(),
                 next_token: 1,
                 nis: Vec::new(),
             }),
@@ -542,7 +547,8 @@ impl Lnet {
 
     /// Binds `md` for use as the source of [`Lnet::put`] or the sink of [`Lnet::get`]
     /// (`LNetMDBind`). With [`Unlink::Auto`] it goes away after the event that uses up its
-    /// threshold; options other than events are ignored for a bound MD.
+    /// threshold; of the options only `TRUNCATE` applies to a bound MD (a REPLY longer than it
+    /// is cut to fit instead of dropped, as in the kernel).
     pub fn md_bind(&self, md: Md, unlink: Unlink) -> Result<MdHandle, LnetError> {
         let mut st = self.inner.lock();
         st.check_running()?;
@@ -832,15 +838,11 @@ impl State {
         self.nis.iter().position(|n| n.status == NiStatus::Up && n.nid.net() == nid.net())
     }
 
-    /// Our wire handle for MD `id`.
-    fn wire_handle(&self, id: u64) -> WireHandle {
-        WireHandle::new(self.cookie, id)
-    }
-
-    /// The MD a wire handle from a peer names, if it is one of ours and alive.
-    fn md_of_wire(&self, wmd: WireHandle) -> Option<u64> {
-        (wmd.interface_cookie == self.cookie && self.mds.contains_key(&wmd.object_cookie))
-            .then_some(wmd.object_cookie)
+    /// The wire handle a PUT's ACK or a GET's REPLY comes back to: operation `op`'s (kernel
+    /// LNet sends the MD's handle and does not track operations; lnet-shim ends each
+    /// operation with its own response, so the handle names the operation).
+    fn wire_handle(&self, op: u64) -> WireHandle {
+        WireHandle::new(self.cookie, op)
     }
 
     fn attach_md(&mut self, me: MeHandle, md: Md, unlink: Unlink) -> Result<MdHandle, LnetError> {

@@ -13,7 +13,7 @@ use crate::event::{Errno, EventKind};
 use crate::hdr::{AckMsg, GetMsg, LnetHdr, LnetMsg, PutMsg, ReplyMsg};
 use crate::lnd::{Frags, LndError, LndUpcalls, RecvDisposition, SendStatus, deliver_immediate};
 use crate::matching::{DropReason, MatchResult, MdOptions};
-use crate::nid::Nid;
+use crate::nid::{Nid, ProcessId};
 
 /// LNet's upcall object for one NI (what [`crate::Lnd`]s call). Holds LNet weakly: an LND never
 /// keeps LNet alive.
@@ -100,6 +100,21 @@ impl State {
         }
         let rlength = u64::from(hdr.payload_length);
         if !self.is_local(hdr.dest.nid) || hdr.dest.pid != self.pid {
+            if let LnetMsg::Put(p) = hdr.msg {
+                if self.is_local(hdr.dest.nid) && !rdma && !p.ack_wmd.is_none() {
+                    // Our NID, another process: the drop NAK, as for a PUT that matched nothing
+                    // (an initiator waiting for the ACK learns of the drop).
+                    let me = ProcessId::new(hdr.dest.nid, self.pid);
+                    let ack = AckTo {
+                        to: hdr.src,
+                        me,
+                        wmd: p.ack_wmd,
+                        match_bits: p.match_bits,
+                        mlength: DROP_NAK_MLENGTH,
+                    };
+                    self.send_ack(ni, ack, work);
+                }
+            }
             return self.dropped(ni, from, rlength, DropWhy::NotForMe);
         }
         if from != hdr.src.nid {
@@ -265,14 +280,7 @@ impl State {
     }
 
     fn recv_ack(&mut self, ni: usize, from: Nid, hdr: &LnetHdr, a: AckMsg, work: &mut Work) -> Parsed {
-        let pending = self.md_of_wire(a.dst_wmd).and_then(|id| {
-            let rec = self.mds.get_mut(&id)?;
-            let at = rec
-                .pending
-                .iter()
-                .position(|p| p.kind == EventKind::Ack && p.peer == from && p.match_bits == a.match_bits)?;
-            Some((id, rec.pending.remove(at)))
-        });
+        let pending = self.take_pending_for_wire(a.dst_wmd, EventKind::Ack, from, Some(a.match_bits));
         let Some((id, p)) = pending else {
             return self.dropped(ni, from, 0, DropWhy::Unexpected);
         };
@@ -294,11 +302,11 @@ impl State {
 
     fn recv_reply(&mut self, ni: usize, from: Nid, hdr: &LnetHdr, r: ReplyMsg, work: &mut Work) -> Parsed {
         let rlength = u64::from(hdr.payload_length);
-        let found = self.md_of_wire(r.dst_wmd).and_then(|id| {
-            let rec = self.mds.get_mut(&id)?;
-            let at = rec.pending.iter().position(|p| p.kind == EventKind::Reply && p.peer == from)?;
-            Some((id, rec.pending.remove(at), rec.length, rec.options.contains(MdOptions::TRUNCATE)))
-        });
+        let found =
+            self.take_pending_for_wire(r.dst_wmd, EventKind::Reply, from, None).and_then(|(id, p)| {
+                let rec = self.mds.get(&id)?;
+                Some((id, p, rec.length, rec.options.contains(MdOptions::TRUNCATE)))
+            });
         let Some((id, p, length, truncate)) = found else {
             return self.dropped(ni, from, rlength, DropWhy::Unexpected);
         };

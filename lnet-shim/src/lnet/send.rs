@@ -47,7 +47,9 @@ impl State {
         let id = self.initiator_md(md, needed)?;
         let ni = self.route(target.nid).ok_or(LnetError::NoRoute { target })?;
         let me = ProcessId::new(self.nis[ni].nid, self.pid);
-        let ack_wmd = if want_ack { self.wire_handle(id) } else { WireHandle::NONE };
+        // The token first: the ACK comes back to this operation's own handle.
+        let token = self.new_token();
+        let ack_wmd = if want_ack { self.wire_handle(token) } else { WireHandle::NONE };
         let Some(rec) = self.mds.get_mut(&id) else { return Err(LnetError::StaleMd) };
         rec.consume(needed);
         rec.refs += needed;
@@ -71,22 +73,15 @@ impl State {
             hdr_data,
             &hdr,
         );
-        let send = LndSend { target: target.nid, hdr, payload, get_sink: None, token: 0 };
-        let token = self.launch(ni, send, MsgKind::Put { md: id, template, ack: want_ack }, work);
+        let send = LndSend { target: target.nid, hdr, payload, get_sink: None, token };
+        self.launch(ni, send, MsgKind::Put { md: id, template, ack: want_ack }, work);
         if want_ack {
-            if let Some(rec) = self.mds.get_mut(&id) {
-                let mut t = template;
-                t.kind = EventKind::Ack;
-                t.msg_type = Some(LnetMsgType::Ack);
-                t.mlength = 0;
-                rec.pending.push(Pending {
-                    op: token,
-                    kind: EventKind::Ack,
-                    peer: target.nid,
-                    match_bits,
-                    template: t,
-                });
-            }
+            let mut t = template;
+            t.kind = EventKind::Ack;
+            t.msg_type = Some(LnetMsgType::Ack);
+            t.mlength = 0;
+            let p = Pending { op: token, kind: EventKind::Ack, peer: target.nid, match_bits, template: t };
+            self.push_pending(id, p);
         }
         Ok(())
     }
@@ -104,7 +99,8 @@ impl State {
         let id = self.initiator_md(md, 2)?;
         let ni = self.route(target.nid).ok_or(LnetError::NoRoute { target })?;
         let me = ProcessId::new(self.nis[ni].nid, self.pid);
-        let return_wmd = self.wire_handle(id);
+        let token = self.new_token();
+        let return_wmd = self.wire_handle(token);
         let Some(rec) = self.mds.get_mut(&id) else { return Err(LnetError::StaleMd) };
         rec.consume(2);
         rec.refs += 2;
@@ -134,22 +130,15 @@ impl State {
             0,
             &hdr,
         );
-        let send = LndSend { target: target.nid, hdr, payload: Frags::new(), get_sink: Some(sink), token: 0 };
-        let token = self.launch(ni, send, MsgKind::Get { md: id, template }, work);
-        if let Some(rec) = self.mds.get_mut(&id) {
-            let mut t = template;
-            t.kind = EventKind::Reply;
-            t.msg_type = Some(LnetMsgType::Reply);
-            t.mlength = 0;
-            t.offset = 0;
-            rec.pending.push(Pending {
-                op: token,
-                kind: EventKind::Reply,
-                peer: target.nid,
-                match_bits,
-                template: t,
-            });
-        }
+        let send = LndSend { target: target.nid, hdr, payload: Frags::new(), get_sink: Some(sink), token };
+        self.launch(ni, send, MsgKind::Get { md: id, template }, work);
+        let mut t = template;
+        t.kind = EventKind::Reply;
+        t.msg_type = Some(LnetMsgType::Reply);
+        t.mlength = 0;
+        t.offset = 0;
+        let p = Pending { op: token, kind: EventKind::Reply, peer: target.nid, match_bits, template: t };
+        self.push_pending(id, p);
         Ok(())
     }
 
@@ -187,9 +176,10 @@ impl State {
     }
 
     /// Registers a message and hands it on (a self-send at once; otherwise once it has
-    /// credits). Returns its token.
+    /// credits). Its token is `send.token`, or a new one if that is 0 (a PUT or GET takes its
+    /// own first: its wire handle names it). Returns the token.
     pub(super) fn launch(&mut self, ni: usize, mut send: LndSend, kind: MsgKind, work: &mut Work) -> u64 {
-        let token = self.new_token();
+        let token = if send.token == 0 { self.new_token() } else { send.token };
         send.token = token;
         let target = send.target;
         let msg = |credit, queued| Msg { ni, peer: target, credit, queued, kind };

@@ -9,6 +9,8 @@ use std::time::Duration;
 use super::*;
 use crate::buffer::Buffer;
 use crate::event::{EventKind, EventQueue};
+use crate::hdr::LnetMsg;
+use crate::lnd::SendStatus;
 use crate::loopback::{LoopbackConfig, LoopbackLnd, LoopbackNet};
 use crate::matching::{ANY_PROCESS, MdOptions, Threshold};
 
@@ -855,4 +857,153 @@ fn deliver_from_many_threads(round: u8) {
             "round {round}: MD {ptr:#x}: events out of order or repeated"
         );
     }
+}
+
+// ---------------------------------------------------------------- responses name their operation
+
+/// An LND that keeps every send; the test completes them and injects the responses.
+struct HoldLnd {
+    nid: Nid,
+    sent: std::sync::Mutex<Vec<LndSend>>,
+}
+
+impl Lnd for HoldLnd {
+    fn nid(&self) -> Nid {
+        self.nid
+    }
+    fn send(&self, msg: LndSend) -> Result<(), crate::lnd::LndError> {
+        self.sent.lock().unwrap().push(msg);
+        Ok(())
+    }
+    fn peers(&self) -> Vec<crate::lnd::PeerInfo> {
+        Vec::new()
+    }
+    fn close_peer(&self, _peer: Nid) {}
+    fn shutdown(&self) {}
+}
+
+/// Two PUTs with ACK from one MD to one peer with the same match bits (other portals and
+/// hdr_data). PUT 2 is sent and ACKed first (an IMMEDIATE PUT overtaking an RDMA one), then
+/// PUT 1 fails (PUT_NAK). The ACK ends PUT 2, and PUT 1 ends with its error: each response
+/// names its operation. Before, the ACK went to the first PUT waiting for one with those
+/// match bits (PUT 1: ACK Ok after its SEND failed), and PUT 2 never got one.
+#[test]
+fn an_ack_ends_the_put_it_answers() {
+    let nid: Nid = "10.0.20.1@o2ib".parse().unwrap();
+    let peer = ProcessId::new("10.0.20.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+    let lnet = Lnet::new(LnetConfig::default());
+    let lnd = Arc::new(HoldLnd { nid, sent: std::sync::Mutex::new(Vec::new()) });
+    let mut up = None;
+    lnet.add_ni(nid, 8, 8, |u| {
+        up = Some(u);
+        Ok::<_, std::io::Error>(lnd.clone() as Arc<dyn Lnd>)
+    })
+    .unwrap();
+    let up = up.unwrap();
+    let q = EventQueue::new(16);
+    let h = lnet.md_bind(Md::contiguous(buf(&[5; 100])).with_events(q.clone()), Unlink::Retain).unwrap();
+    lnet.put(h, AckReq::Ack, peer, 1, 7, 0, 1).unwrap();
+    lnet.put(h, AckReq::Ack, peer, 2, 7, 0, 2).unwrap();
+    let sent: Vec<(u64, LnetHdr)> = lnd.sent.lock().unwrap().iter().map(|s| (s.token, s.hdr)).collect();
+    let (t1, t2) = (sent[0].0, sent[1].0);
+    let LnetMsg::Put(p1) = sent[0].1.msg else { panic!("a PUT") };
+    let LnetMsg::Put(p2) = sent[1].1.msg else { panic!("a PUT") };
+    assert_ne!(p1.ack_wmd, p2.ack_wmd, "each PUT's ACK comes back to a handle of its own");
+    up.send_done(t2, Ok(SendStatus { reply_len: None }));
+    let ack = LnetHdr {
+        dest: ProcessId::new(nid, ProcessId::PID_LUSTRE),
+        src: peer,
+        payload_length: 0,
+        msg: LnetMsg::Ack(crate::hdr::AckMsg { dst_wmd: p2.ack_wmd, match_bits: 7, mlength: 60 }),
+    };
+    let _ = up.recv(peer.nid, &ack, false);
+    up.send_done(t1, Err(crate::lnd::LndError::new(Errno::ENODATA, crate::lnd::Health::RemoteError)));
+    let mut got: Vec<_> =
+        events(&q, 4).into_iter().map(|e| (e.kind, e.hdr_data, e.status, e.mlength)).collect();
+    got.sort_by_key(|e| (e.1, e.0 == EventKind::Ack));
+    assert_eq!(
+        got,
+        [
+            (EventKind::Send, 1, Err(Errno::ENODATA), 100),
+            (EventKind::Ack, 1, Err(Errno::ENODATA), 0),
+            (EventKind::Send, 2, Ok(()), 100),
+            (EventKind::Ack, 2, Ok(()), 60),
+        ]
+    );
+    // An ACK naming a finished operation, or naming it with other match bits, is unexpected.
+    let _ = up.recv(peer.nid, &ack, false);
+    let LnetMsg::Ack(mut stray) = ack.msg else { unreachable!() };
+    stray.dst_wmd = p1.ack_wmd;
+    let _ = up.recv(peer.nid, &LnetHdr { msg: LnetMsg::Ack(stray), ..ack }, false);
+    assert!(lnet.wait_quiet(WAIT));
+    assert_eq!(lnet.stats().nis[0].drops.unexpected, 2);
+    assert!(q.wait(Duration::from_millis(50)).is_none(), "no event for a stray ACK");
+}
+
+/// The same for REPLYs (header-only GETs, as a kernel o2iblnd sends small ones): GET 1 from an
+/// MD names a portal with nothing posted (the target drops it silently), GET 2 from the same
+/// MD to the same peer is answered. The REPLY ends GET 2; GET 1 still waits for its own.
+#[test]
+fn a_reply_ends_the_get_it_answers() {
+    let net = LoopbackNet::with_config(LoopbackConfig { header_only_gets: true, ..Default::default() });
+    let (a, b) = (node(&net, "10.0.22.1"), node(&net, "10.0.22.2"));
+    let src = Md::contiguous(buf(&[9; 32])).with_options(MdOptions::OP_GET);
+    b.lnet.attach(2, MatchEntry::new(ANY_PROCESS, 0x22), src, Unlink::Retain).unwrap();
+    let qa = EventQueue::new(16);
+    let sink = Arc::new(Buffer::new(32));
+    let h = a.lnet.md_bind(Md::contiguous(sink.clone()).with_events(qa.clone()), Unlink::Retain).unwrap();
+    a.lnet.get(h, b.pid(), 1, 0x11, 0).unwrap();
+    a.lnet.get(h, b.pid(), 2, 0x22, 0).unwrap();
+    let mut got: Vec<_> = events(&qa, 3).into_iter().map(|e| (e.kind, e.match_bits, e.status)).collect();
+    got.sort_by_key(|e| (e.1, e.0 == EventKind::Reply));
+    assert_eq!(
+        got,
+        [(EventKind::Send, 0x11, Ok(())), (EventKind::Send, 0x22, Ok(())), (EventKind::Reply, 0x22, Ok(()))]
+    );
+    assert_eq!(sink.to_vec(0, 32).unwrap(), vec![9; 32]);
+    // GET 1's REPLY never comes (no response timeout, as documented): unlinking ends it.
+    a.lnet.md_unlink(h).unwrap();
+    let e = next(&qa);
+    assert_eq!((e.kind, e.match_bits, e.status), (EventKind::Reply, 0x11, Err(Errno::ECANCELED)));
+}
+
+/// The drop NAK for "not for this process": a small PUT with ACK to our NID but another pid
+/// gets its ACK event (`-ENODATA`), as a PUT that matched nothing does; before, the initiator
+/// waited for it forever.
+#[test]
+fn a_small_put_with_ack_to_another_pid_gets_the_drop_nak() {
+    let net = LoopbackNet::new();
+    let (a, b) = (node(&net, "10.0.21.1"), node(&net, "10.0.21.2"));
+    let qa = EventQueue::new(16);
+    post(&b, 1, 64, MdOptions::OP_PUT, &EventQueue::new(4));
+    let md = Md::contiguous(buf(&[1; 64])).with_threshold(Threshold::Count(2)).with_events(qa.clone());
+    let h = a.lnet.md_bind(md, Unlink::Auto).unwrap();
+    a.lnet.put(h, AckReq::Ack, ProcessId::new(b.nid, 99), PORTAL, 1, 0, 0).unwrap();
+    let (send, ack) = (next(&qa), next(&qa));
+    assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())));
+    assert_eq!((ack.kind, ack.status, ack.unlinked), (EventKind::Ack, Err(Errno::ENODATA), true));
+    assert!(b.lnet.wait_quiet(WAIT) && a.lnet.wait_quiet(WAIT));
+    assert_eq!(b.lnet.stats().nis[0].drops.not_for_me, 1);
+    assert_eq!(a.lnet.stats().mds, 0, "the MD went with its last event");
+}
+
+/// Sends that fail at once (no such peer) return their NI and peer credits exactly once.
+#[test]
+fn credits_come_back_once_after_failed_sends() {
+    let net = LoopbackNet::new();
+    let a = node_with(&net, "10.0.23.1", 2, 1);
+    let ghost = ProcessId::new("10.0.23.9@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+    let qa = EventQueue::new(64);
+    let src = a.lnet.md_bind(Md::contiguous(buf(&[1; 64])).with_events(qa.clone()), Unlink::Retain).unwrap();
+    for _ in 0..5 {
+        a.lnet.put(src, AckReq::Ack, ghost, PORTAL, 1, 0, 0).unwrap();
+    }
+    let ev = events(&qa, 10);
+    assert!(ev.iter().all(|e| e.status == Err(Errno::EHOSTUNREACH)), "{ev:?}");
+    assert!(a.lnet.wait_quiet(WAIT));
+    let s = a.lnet.stats();
+    let ni = s.ni(a.nid).unwrap();
+    assert_eq!((ni.credits_available, ni.queued), (2, 0));
+    let p = ni.peer(ghost.nid).unwrap();
+    assert_eq!((p.credits_available, p.queued, p.credits_min), (1, 0, -4));
 }
