@@ -22,6 +22,14 @@ use crate::fabric::{Access, Device, Sge};
 use crate::time::Instant;
 use crate::wire::{IBLND_MAX_IMMEDIATE, IBLND_MSG_SIZE, LNET_HDR_SIZE, MsgType, RdmaFrag, WireError};
 
+/// How an LNet buffer that RDMA WRITEs read from is registered: no remote access (a peer's
+/// stale or guessed rkey cannot write into it).
+pub(crate) const SOURCE_ACCESS: Access = Access::NONE;
+/// How an LNet buffer that RDMA WRITEs land in (a sink named in a PUT_ACK or GET_REQ) is
+/// registered. The registration is cached for the buffer's life (see the README's "Not yet
+/// implemented": no per-transfer registration and invalidation, as o2iblnd's FRWR has).
+pub(crate) const SINK_ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+
 /// Why an RDMA transfer could not be set up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RdmaSetupError {
@@ -279,17 +287,18 @@ impl<D: Device> Engine<D> {
     pub(super) fn local_sges(&mut self, frags: &[Frag]) -> Result<Vec<Sge>, LndError> {
         let mut sges = Vec::with_capacity(frags.len());
         for f in frags.iter().filter(|f| f.len > 0) {
-            let keys = self.keys_of(f)?;
+            // An RDMA source: read locally only, so registered without remote access.
+            let keys = self.keys_of(f, SOURCE_ACCESS)?;
             sges.push(Sge { addr: f.buf.addr() + f.offset as u64, length: f.len as u32, lkey: keys.lkey });
         }
         Ok(sges)
     }
 
-    fn keys_of(&self, f: &Frag) -> Result<RegKeys, LndError> {
+    fn keys_of(&self, f: &Frag, access: Access) -> Result<RegKeys, LndError> {
         if f.len > u32::MAX as usize {
             return Err(err(Errno::EMSGSIZE, Health::LocalError));
         }
-        register_cached(&self.dev, &self.pd, self.owner, &f.buf, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        register_cached(&self.dev, &self.pd, self.owner, &f.buf, access)
             .map_err(|_| err(Errno::ENOMEM, Health::LocalError))
     }
 
@@ -306,7 +315,7 @@ impl<D: Device> Engine<D> {
             if f.len == 0 {
                 continue;
             }
-            let keys = self.keys_of(f)?;
+            let keys = self.keys_of(f, SINK_ACCESS)?;
             if key.is_some_and(|k| k != keys.rkey) {
                 return Err(err(Errno::EINVAL, Health::LocalError));
             }

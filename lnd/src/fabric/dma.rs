@@ -74,9 +74,16 @@ impl<D: Device> RegisteredBuf<D> {
     }
 }
 
-/// The keys `owner` registered `buf` under in `pd` with `access`, registering it on first use
-/// (the registration cache: a buffer is registered once per device/PD and deregistered when the
-/// buffer is dropped).
+/// The registration-cache slot of `owner`'s registrations with `access`: one per (device/PD,
+/// access), so a buffer that is only ever an RDMA source is never remotely writable, whatever
+/// else the same buffer was registered for. `owner` ids are small counters (below 2^56).
+pub fn cache_slot(owner: u64, access: Access) -> u64 {
+    (owner << 8) | u64::from(access.bits() & 0xff)
+}
+
+/// The keys `owner` registered `buf` under in `pd` with exactly `access`, registering it on
+/// first use (the registration cache: a buffer is registered once per device/PD and access,
+/// and deregistered when the buffer is dropped).
 pub fn register_cached<D: Device>(
     dev: &D,
     pd: &D::Pd,
@@ -84,7 +91,7 @@ pub fn register_cached<D: Device>(
     buf: &Buffer,
     access: Access,
 ) -> Result<RegKeys, FabricError> {
-    buf.registration(owner, |ptr, len| {
+    buf.registration(cache_slot(owner, access), |ptr, len| {
         // SAFETY: the region is stored in the buffer's registration cache, which `Buffer`
         // drops before freeing the memory, so the memory outlives the registration; the buffer
         // never hands out references to its bytes, only raw copies.

@@ -503,6 +503,40 @@ fn an_rdma_put_into_a_truncating_md_moves_what_the_md_matched() {
     }
 }
 
+/// What the LND registers an LNet buffer with: a PUT's source only for local access (a peer
+/// holding its rkey, stale or guessed, cannot write into it), the sink its PUT_ACK names for
+/// remote writes.
+#[test]
+fn rdma_sources_are_not_remotely_writable_and_sinks_are() {
+    use crate::engine::send::{SINK_ACCESS, SOURCE_ACCESS};
+    use crate::fabric::dma::cache_slot;
+    let s = seed();
+    let mut sim = Sim::new(s, 2, &tunables(), FaultConfig::NONE);
+    let len = 64 << 10;
+    let (source, sink) = (filled(5, len), Arc::new(Buffer::new(len)));
+    sim.nodes[1].lnet.post_sink(5, vec![Frag::whole(sink.clone())], len);
+    let (a, b) = (nid(0), nid(1));
+    let msg = LndSend {
+        target: b,
+        hdr: put_hdr(a, b, 5, len),
+        payload: Frag::whole(source.clone()).into(),
+        get_sink: None,
+        token: 5,
+    };
+    sim.nodes[0].engine.send(sim.now, msg).unwrap();
+    assert!(sim.wait_send(0, 5, 1_000_000).is_ok(), "seed {s}");
+    let cached = |e: &Engine<SoftDevice>, buf: &Buffer, access| {
+        buf.registration(cache_slot(e.owner, access), |_, _| Err(())).ok()
+    };
+    let e0 = &sim.nodes[0].engine;
+    let src_keys = cached(e0, &source, SOURCE_ACCESS).expect("the source was registered for reading");
+    assert!(cached(e0, &source, SINK_ACCESS).is_none(), "seed {s}: and for nothing else");
+    assert!(!e0.device().remote_write_allowed(&e0.pd, src_keys.rkey, source.addr(), 1), "seed {s}");
+    let e1 = &sim.nodes[1].engine;
+    let sink_keys = cached(e1, &sink, SINK_ACCESS).expect("the sink was registered for remote writes");
+    assert!(e1.device().remote_write_allowed(&e1.pd, sink_keys.rkey, sink.addr(), len as u64), "seed {s}");
+}
+
 /// Asserts, for every connected pair, that one side's credits plus the other side's owed
 /// credits never exceed the queue depth (the rest is in flight), and that counters are sane.
 pub(crate) fn check_credit_invariant(sim: &Sim) {

@@ -323,6 +323,13 @@ pub struct LiveCounts {
 }
 
 impl SoftDevice {
+    /// Whether a peer's RDMA WRITE of `len` bytes at `addr` under `rkey` would pass this
+    /// device's protection checks in `pd` (tests of what the LND registers).
+    #[cfg(test)]
+    pub(crate) fn remote_write_allowed(&self, pd: &SoftPd, rkey: u32, addr: u64, len: u64) -> bool {
+        self.shared.lock().mrs.check_remote_write(pd.handle, rkey, addr, len).is_ok()
+    }
+
     /// Opens a device whose port is `ip` on real UDP sockets (`ip:udp_port`).
     pub fn open_udp(ip: Ipv4Addr, config: SoftConfig) -> Result<SoftDevice, FabricError> {
         let mut wire = UdpWire::bind(ip, config.udp_port).map_err(|e| {
