@@ -40,7 +40,12 @@
 //! can create them; their contents are still untrusted input: every index and length read
 //! from shared memory is checked against the mapping before use, a ring that breaks the rules
 //! is dropped, and its frames go through the same parsing as a datagram's. A full ring drops
-//! the frame, as a full socket buffer would; RC retransmits it.
+//! the frame, as a full socket buffer would; RC retransmits it. One thing a producer can do
+//! that the checks cannot catch: shrink the file under the mapping, after which the consumer's
+//! next access to the lost pages faults (SIGBUS). The rings are plain files (the consumer opens
+//! them by name; a memfd could be sealed against shrinking, as the buffer arena is), and only
+//! processes of the same user can reach them, which can signal or trace the consumer anyway:
+//! that is not a boundary a ring defends.
 //!
 //! **Unsealed frames.** A frame that goes from the sending device straight into a ring (no
 //! fault injection in between: [`super::wire::Wire::immediate_route`]) crosses nothing but
@@ -172,8 +177,9 @@ impl Mapping {
         }
         // SAFETY: the range is inside the data area (checked above) of a live mapping, in a
         // record the producer published (its stamp, acquire) and does not write until `head` moves
-        // past it; a misbehaving producer can only make the bytes garbage, which the frame
-        // checks downstream reject. `dst` is a separate buffer of this process.
+        // past it; a misbehaving producer can make the bytes garbage, which the frame checks
+        // downstream reject, or shrink the file (a fault, see "Trust" above), not make this
+        // copy touch memory outside the mapping. `dst` is a separate buffer of this process.
         unsafe { std::ptr::copy_nonoverlapping(self.base.add(HEADER + at), dst.as_mut_ptr(), dst.len()) };
     }
 

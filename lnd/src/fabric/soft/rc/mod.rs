@@ -16,7 +16,12 @@
 //!   crossed the timer's round) asks for nothing new and spends nothing, as in rxe. Retries exhausted
 //!   → `RETRY_EXC_ERR`. An RNR NAK pauses for the peer's timer and spends one of `rnr_retry`
 //!   (7 = forever) → `RNR_RETRY_EXC_ERR`; a copy of it arriving during the pause spends
-//!   nothing. Completions are generated in posting order.
+//!   nothing. A copy arriving *after* the pause, once the message went again, cannot be told
+//!   from a second RNR NAK (nothing in the PSN or the AETH says which round it answers, in
+//!   rxe either): it spends a retry and rewinds, and with none left fails the WR with
+//!   `RNR_RETRY_EXC_ERR` although the resent message may be delivered. Only a duplicating
+//!   network makes such copies (fault injection here; not an IB link). Completions are
+//!   generated in posting order.
 //! * **Responder**: packets are accepted only at the expected PSN. Earlier PSNs are duplicates:
 //!   re-acknowledged, never delivered twice. Later PSNs are a gap: one sequence NAK per gap.
 //!   SENDs consume posted receives (none → RNR NAK; too long → `LOC_LEN_ERR` here and
