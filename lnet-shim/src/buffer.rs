@@ -7,6 +7,17 @@
 //! completion means the device is done with the bytes); overlapping concurrent access to the
 //! same bytes is a race the protocol above must prevent, as with real DMA.
 //!
+//! The safe accessors ([`Buffer::read`], [`Buffer::write`], [`Buffer::copy_from`],
+//! [`Buffer::fill_range`]) copy with relaxed atomic loads and stores (whole aligned words, bytes
+//! at the edges), so safe code touching the same bytes from several threads gets an
+//! unspecified mix of the values written, never undefined behaviour. What they cannot make
+//! sound on their own is the device's side: a device writes the bytes with plain copies (an
+//! HCA's DMA, outside the program; the software device's copies, in `unsafe` code), and an
+//! application that reads or writes an MD's bytes while an operation on that MD is in flight
+//! races with them. LNet's contract forbids that (an event says when the device is done), as
+//! every RDMA interface does; it is not enforced by the types (an operation does not take
+//! ownership of its buffer).
+//!
 //! The memory comes from the process's buffer arena ([`crate::arena`]) when there is one, so a
 //! same-host peer's device can map it and copy from it without a system call; otherwise from
 //! the heap.
@@ -19,6 +30,7 @@
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::any::Any;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Alignment of every buffer: a page.
@@ -65,9 +77,59 @@ pub struct Buffer {
 // copies whose ordering with device access is provided by the protocol (module docs). The
 // registration list is behind a mutex and holds `Send + Sync` handles.
 unsafe impl Send for Buffer {}
-// SAFETY: shared access performs only raw copies; overlapping concurrent writes are excluded by
-// the protocol, as with memory shared with hardware (module docs).
+// SAFETY: every access through `&Buffer` is an atomic copy (`load_bytes`, `store_bytes`,
+// `fill_bytes`) or the registration list behind its mutex, so shared references on several
+// threads cannot make a data race among themselves. Device access (raw copies by `unsafe`
+// code, DMA) is ordered with the application's by the LNet contract (module docs).
 unsafe impl Sync for Buffer {}
+
+/// Words copied at once by the atomic copies.
+const WORD: usize = std::mem::size_of::<u64>();
+
+/// Copies `len` bytes from `src` to `dst` with relaxed atomic loads and stores: aligned words
+/// where both sides allow, bytes elsewhere.
+///
+/// # Safety
+/// `src..src+len` must be readable and `dst..dst+len` writable for the call, and the two ranges
+/// must not overlap; the memory is only accessed atomically by this function (other accesses
+/// to it must be atomic too, or excluded by the caller).
+unsafe fn atomic_copy(src: *const u8, dst: *mut u8, len: usize) {
+    let mut i = 0;
+    let aligned_together = (src as usize) % WORD == (dst as usize) % WORD;
+    if aligned_together {
+        while i < len && (dst as usize + i) % WORD != 0 {
+            // SAFETY: `i < len`: inside both ranges (caller); a byte needs no alignment.
+            unsafe { copy_byte(src.add(i), dst.add(i)) };
+            i += 1;
+        }
+        while i + WORD <= len {
+            // SAFETY: inside both ranges, and both addresses are 8-aligned (they share their
+            // alignment and `dst + i` is aligned), as `AtomicU64` requires.
+            unsafe {
+                let w = (*src.add(i).cast::<AtomicU64>()).load(Ordering::Relaxed);
+                (*dst.add(i).cast::<AtomicU64>()).store(w, Ordering::Relaxed);
+            }
+            i += WORD;
+        }
+    }
+    while i < len {
+        // SAFETY: `i < len`: inside both ranges (caller).
+        unsafe { copy_byte(src.add(i), dst.add(i)) };
+        i += 1;
+    }
+}
+
+/// One byte of [`atomic_copy`].
+///
+/// # Safety
+/// Both addresses valid for the access (see [`atomic_copy`]).
+unsafe fn copy_byte(src: *const u8, dst: *mut u8) {
+    // SAFETY: valid addresses (caller); `AtomicU8` has the size and alignment of `u8`.
+    unsafe {
+        let b = (*src.cast::<AtomicU8>()).load(Ordering::Relaxed);
+        (*dst.cast::<AtomicU8>()).store(b, Ordering::Relaxed);
+    }
+}
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -168,8 +230,8 @@ impl Buffer {
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), OutOfRange> {
         self.check(offset, out.len())?;
         // SAFETY: the range is inside our allocation (checked above); `out` is a separate
-        // borrow, so the ranges do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        // borrow, so the ranges do not overlap; `out` is ours alone for the call.
+        unsafe { atomic_copy(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
@@ -177,12 +239,13 @@ impl Buffer {
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), OutOfRange> {
         self.check(offset, data.len())?;
         // SAFETY: the range is inside our allocation (checked above); `data` is a separate
-        // borrow. Concurrent overlapping access is excluded by the protocol (module docs).
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
+        // borrow, so the ranges do not overlap.
+        unsafe { atomic_copy(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
         Ok(())
     }
 
-    /// Copies `len` bytes from `src` at `src_offset` to this buffer at `offset`.
+    /// Copies `len` bytes from `src` at `src_offset` to this buffer at `offset` (the ranges may
+    /// overlap: `src` may be this buffer).
     pub fn copy_from(
         &self,
         offset: usize,
@@ -192,17 +255,29 @@ impl Buffer {
     ) -> Result<(), OutOfRange> {
         self.check(offset, len)?;
         src.check(src_offset, len)?;
-        // SAFETY: both ranges are inside their allocations; `copy` tolerates overlap (the same
-        // buffer may be both source and destination).
-        unsafe { std::ptr::copy(src.ptr.as_ptr().add(src_offset), self.ptr.as_ptr().add(offset), len) };
+        let (from, to) = (src.ptr.as_ptr().wrapping_add(src_offset), self.ptr.as_ptr().wrapping_add(offset));
+        let overlap = (from as usize) < (to as usize + len) && (to as usize) < (from as usize + len);
+        if overlap {
+            // Through a bounce buffer: the atomic copy runs forwards only.
+            let mut tmp = vec![0u8; len];
+            src.read(src_offset, &mut tmp)?;
+            return self.write(offset, &tmp);
+        }
+        // SAFETY: both ranges are inside their allocations (checked above) and do not overlap.
+        unsafe { atomic_copy(from, to, len) };
         Ok(())
     }
 
     /// Sets bytes `offset..offset+len` to `byte`.
     pub fn fill_range(&self, offset: usize, len: usize, byte: u8) -> Result<(), OutOfRange> {
         self.check(offset, len)?;
-        // SAFETY: writes exactly the checked range of our allocation.
-        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), byte, len) };
+        let chunk = [byte; 4096];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(chunk.len());
+            self.write(offset + at, &chunk[..n])?;
+            at += n;
+        }
         Ok(())
     }
 
@@ -284,6 +359,32 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    /// Safe code on several threads writing and reading the same bytes at once: each word or
+    /// byte read is one some writer wrote, nothing else.
+    #[test]
+    fn concurrent_safe_access_sees_only_written_values() {
+        let b = Arc::new(super::Buffer::new(64 << 10));
+        let writers: Vec<_> = [0x11u8, 0x22]
+            .into_iter()
+            .map(|v| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    for i in 0..200 {
+                        b.write(i % 8, &[v; 60 << 10]).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let mut seen = vec![0u8; 64 << 10];
+        for _ in 0..200 {
+            b.read(0, &mut seen).unwrap();
+            assert!(seen.iter().all(|&x| [0, 0x11, 0x22].contains(&x)));
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+    }
+
     use super::*;
 
     #[test]
@@ -300,6 +401,14 @@ mod tests {
         assert_eq!(out, [1; 10]);
         b.copy_from(0, &b, 9990, 10).unwrap();
         assert_eq!(b.to_vec(0, 10).unwrap(), vec![1; 10]);
+        // Overlapping ranges of one buffer move as memmove would, both ways, at odd offsets.
+        let pattern: Vec<u8> = (0..100u8).collect();
+        for (from, to) in [(3usize, 20usize), (20, 3), (8, 16), (16, 8)] {
+            b.write(0, &[0; 200]).unwrap();
+            b.write(from, &pattern).unwrap();
+            b.copy_from(to, &b, from, 100).unwrap();
+            assert_eq!(b.to_vec(to, 100).unwrap(), pattern, "{from} -> {to}");
+        }
         b.fill(7);
         assert_eq!(b.to_vec(5000, 2).unwrap(), vec![7, 7]);
         assert!(b.fill_range(9999, 2, 0).is_err());
