@@ -165,6 +165,44 @@ fn puts_into_a_truncating_md_deliver_what_it_holds() {
     }
 }
 
+/// `Lnet::stats` from an event callback, which runs on the LND's scheduler thread: that thread
+/// cannot answer a query it waits for, so its own scheduler answers from the peer list it
+/// shared last (here refreshed by the query from the test thread). Before, the call queued the
+/// query on its own thread and waited 5 s for it, stalling every peer of the scheduler, and
+/// came back without them.
+#[test]
+fn stats_from_an_event_callback_answer_at_once() {
+    use lnet_shim::event::EventSink;
+    // Addresses of their own: every port offset of this process is taken.
+    let port = unique_port(0);
+    let (a, b) = (Node::start("127.0.0.5", port), Node::start("127.0.0.6", port));
+    ping_pong(&a, &b, 1, 1);
+    assert_eq!(
+        b.lnet.stats().ni(b.nid).unwrap().peer(a.nid).and_then(|p| p.lnd.clone()).map(|l| l.state),
+        Some(lnet_shim::lnd::PeerState::Connected)
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (lnet_b, a_nid) = (b.lnet.clone(), a.nid);
+    let tx = std::sync::Mutex::new(tx);
+    let sink = EventSink::callback(move |e: &Event| {
+        if e.kind == EventKind::Put {
+            let t = std::time::Instant::now();
+            let st = lnet_b.stats();
+            let seen = st.nis.iter().any(|n| n.peers.iter().any(|p| p.nid == a_nid && p.lnd.is_some()));
+            let _ = tx.lock().unwrap().send((t.elapsed(), seen));
+        }
+    });
+    let md = Md::contiguous(Arc::new(Buffer::new(64))).with_options(MdOptions::OP_PUT).with_events(sink);
+    b.lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, 77), md, Unlink::Retain).unwrap();
+    let qa = EventQueue::new(8);
+    let h = bind(&a, buf(&pattern(77, 64)), 2, &qa);
+    a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, 77, 0, 0).unwrap();
+    let (took, seen) = rx.recv_timeout(WAIT).expect("the callback ran");
+    assert!(took < Duration::from_secs(1), "the callback's stats query took {took:?}");
+    assert!(seen, "the callback's stats show the LND's peer");
+    assert_eq!((next(&qa).kind, next(&qa).kind), (EventKind::Send, EventKind::Ack));
+}
+
 #[test]
 fn get_reply_of_one_mib() {
     let (a, b) = pair(1);

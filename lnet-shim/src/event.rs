@@ -324,6 +324,8 @@ impl EventQueue {
 /// scheduler thread), so it must be quick and must not block. It may call back into LNet
 /// (put, get, attach, unlink: they never block), but must not shut LNet down, drop the last
 /// [`Lnet`](crate::Lnet) handle, or wait for anything an LND thread has to answer.
+/// [`Lnet::stats`](crate::Lnet::stats) may be called: the o2iblnd answers for the scheduler
+/// running the callback from the peer list it shared at most a second before.
 pub type EventCallback = Arc<dyn Fn(&Event) + Send + Sync>;
 
 /// Where an MD's events go.

@@ -75,6 +75,9 @@ const MAX_SLEEP: Duration = Duration::from_millis(250);
 const KERNEL_POLL_INTERVAL: Duration = Duration::from_micros(5);
 /// How long a query (peers, stats) waits for the scheduler.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a scheduler refreshes the peer list it shares for queries from its own event
+/// callbacks (`Shared::peers_seen`).
+const SNAPSHOT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Which fabric the interface runs on.
 #[derive(Clone, Debug)]
@@ -173,6 +176,10 @@ struct Shared {
     /// whoever queues one after this reports it (set before the scheduler's final drain, read
     /// after a push, both `SeqCst`: a command is either drained there or seen here).
     exited: AtomicBool,
+    /// The scheduler's peers as of its last query or its last [`SNAPSHOT_INTERVAL`] tick:
+    /// what a query made on the scheduler's own thread (from an event callback) gets, since
+    /// that thread cannot answer a queued one while it waits for it.
+    peers_seen: Mutex<Vec<PeerInfo>>,
     upcalls: Arc<dyn LndUpcalls>,
 }
 
@@ -348,6 +355,7 @@ impl Driver {
                 upcalls: upcalls.clone(),
                 sleeping: AtomicBool::new(false),
                 exited: AtomicBool::new(false),
+                peers_seen: Mutex::new(Vec::new()),
             });
             let s2 = shared.clone();
             let name = if n == 1 {
@@ -377,24 +385,36 @@ impl Driver {
     }
 
     /// Each scheduler's counters (asks every scheduler; `None` for one that does not answer in
-    /// time).
+    /// time, and for the caller's own scheduler when called from one of its event callbacks).
     pub fn scheduler_stats(&self) -> Vec<Option<DriverStats>> {
-        self.ask_all(Cmd::Stats)
+        self.ask_all(Cmd::Stats, |_| None)
     }
 
     /// Sends the query `ask` to every scheduler at once, then collects each one's answer
-    /// (`None` for one that does not answer within [`QUERY_TIMEOUT`]).
-    fn ask_all<T>(&self, ask: fn(mpsc::Sender<T>) -> Cmd) -> Vec<Option<T>> {
+    /// (`None` for one that does not answer within [`QUERY_TIMEOUT`]). The scheduler whose
+    /// thread this is (a query from an event callback) cannot answer while the thread waits:
+    /// `own` answers for it, without waiting.
+    fn ask_all<T>(&self, ask: fn(mpsc::Sender<T>) -> Cmd, own: fn(&Shared) -> Option<T>) -> Vec<Option<T>> {
+        let running = RUNNING.with(Cell::get);
         let asked: Vec<_> = self
             .schedulers
             .iter()
             .map(|s| {
+                if Arc::as_ptr(&s.shared) == running {
+                    return Err(own(&s.shared));
+                }
                 let (tx, rx) = mpsc::channel();
                 s.push(ask(tx));
-                rx
+                Ok(rx)
             })
             .collect();
-        asked.into_iter().map(|rx| rx.recv_timeout(QUERY_TIMEOUT).ok()).collect()
+        asked
+            .into_iter()
+            .map(|a| match a {
+                Ok(rx) => rx.recv_timeout(QUERY_TIMEOUT).ok(),
+                Err(answer) => answer,
+            })
+            .collect()
     }
 
     /// Counters of the whole interface: the schedulers' summed, the device's once (`None` if
@@ -440,7 +460,10 @@ impl Lnd for Driver {
     }
 
     fn peers(&self) -> Vec<PeerInfo> {
-        self.ask_all(Cmd::Peers).into_iter().flatten().flatten().collect()
+        // From an event callback, this thread's own scheduler answers with what it saw at most
+        // SNAPSHOT_INTERVAL ago.
+        let own = |s: &Shared| Some(s.peers_seen.lock().unwrap_or_else(PoisonError::into_inner).clone());
+        self.ask_all(Cmd::Peers, own).into_iter().flatten().flatten().collect()
     }
 
     fn close_peer(&self, peer: Nid) {
@@ -531,12 +554,17 @@ impl<D: Device> Scheduler<D> {
         // engine is polled again only when the device has something, a command came, or its
         // deadline (as of that poll) is due.
         let mut idle_until: Option<Instant> = None;
+        let mut next_snapshot = self.clock.now();
         loop {
             self.turns += 1;
             if let Some(due) = idle_until.take() {
                 self.spin_until_work(due.min(last_kernel + KERNEL_POLL_INTERVAL));
             }
             let now = self.clock.now();
+            if now >= next_snapshot {
+                self.publish_peers(&self.engine.peers());
+                next_snapshot = now + SNAPSHOT_INTERVAL;
+            }
             // LNet's sends are taken between the two halves of the engine's poll: after the
             // completions (whose upcalls may have queued replies on this thread), before the
             // transmit, so a send queued by an upcall this turn leaves in it (a reply made by
@@ -645,6 +673,13 @@ impl<D: Device> Scheduler<D> {
         self.shared.drain_exited(pop_local);
     }
 
+    /// Shares `peers` for queries made on this thread (`Shared::peers_seen`).
+    fn publish_peers(&self, peers: &[PeerInfo]) {
+        let mut seen = self.shared.peers_seen.lock().unwrap_or_else(PoisonError::into_inner);
+        seen.clear();
+        seen.extend_from_slice(peers);
+    }
+
     /// Runs the commands LNet's threads (and this thread's upcalls) queued.
     fn take_commands(&mut self, now: Instant, shutdown_deadline: &mut Option<Instant>) {
         while let Some(cmd) = pop_local().or_else(|| self.shared.queue.pop()) {
@@ -658,7 +693,9 @@ impl<D: Device> Scheduler<D> {
                 }
                 Cmd::ClosePeer(nid) => self.engine.close_peer(now, nid),
                 Cmd::Peers(tx) => {
-                    let _ = tx.send(self.engine.peers());
+                    let peers = self.engine.peers();
+                    self.publish_peers(&peers);
+                    let _ = tx.send(peers);
                 }
                 Cmd::Stats(tx) => {
                     let _ = tx.send(DriverStats {
