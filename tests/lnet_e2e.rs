@@ -186,6 +186,10 @@ fn stats_from_an_event_callback_answer_at_once() {
     let tx = std::sync::Mutex::new(tx);
     let sink = EventSink::callback(move |e: &Event| {
         if e.kind == EventKind::Put {
+            #[allow(
+                clippy::disallowed_methods,
+                reason = "how long the call blocks is what this test measures"
+            )]
             let t = std::time::Instant::now();
             let st = lnet_b.stats();
             let seen = st.nis.iter().any(|n| n.peers.iter().any(|p| p.nid == a_nid && p.lnd.is_some()));
