@@ -54,6 +54,8 @@ pub struct RunSpec {
 pub struct RunResult {
     /// The spec.
     pub op: Op,
+    /// How the data was checked (pings: their echo, always).
+    pub check: Check,
     /// Bytes per RPC.
     pub size: usize,
     /// Concurrency.
@@ -137,9 +139,9 @@ impl Run {
     }
 
     fn start(&mut self, slot: usize, now: Instant) {
-        let Run { spec, lnet, sink, slots, result, next_rpc, ping_payload, .. } = self;
+        let Run { spec, lnet, sink, slots, result, next_rpc, ping_payload, clock, .. } = self;
         let Some(s) = slots.get_mut(slot) else { return };
-        start_rpc(lnet, spec, sink, s, slot, next_rpc, ping_payload, now, result);
+        start_rpc(lnet, spec, sink, s, slot, next_rpc, ping_payload, now, clock, result);
         self.issued += 1;
     }
 
@@ -152,12 +154,14 @@ impl Run {
         if !s.live {
             return;
         }
+        // The RPC ended when its last event came: checking the echo or the data it brought
+        // (in `on_event`) is the client's own work, not the RPC's latency.
+        let now = self.clock.now();
         let before = result.rpcs;
         if !on_event(s, kind, ev, spec, result) {
             return;
         }
         s.live = false;
-        let now = self.clock.now();
         if self.result.rpcs > before {
             record(&mut self.result, self.slots[slot].started, now);
         }
@@ -373,6 +377,7 @@ fn new_run(node: &Node, spec: &RunSpec, sink: EventSink, clock: Clock) -> Run {
         .collect();
     let result = RunResult {
         op: spec.op,
+        check: if spec.op == Op::Ping { Check::Full } else { spec.check },
         size: spec.size,
         concurrency: spec.concurrency,
         rpcs: 0,
@@ -415,6 +420,7 @@ fn start_rpc(
     next_rpc: &mut u64,
     ping: &[u8],
     now: Instant,
+    clock: &Clock,
     result: &mut RunResult,
 ) {
     let rpc = *next_rpc;
@@ -431,6 +437,8 @@ fn start_rpc(
             let mut data = vec![0u8; s.bulk.len()];
             proto::stamp(&mut data, spec.check, s.magic);
             let _ = s.bulk.write(0, &data);
+            // Stamping the data is the client's own work, not the RPC's latency.
+            s.started = clock.now();
         }
         let options = if spec.op == Op::BrwWrite { MdOptions::OP_GET } else { MdOptions::OP_PUT };
         let md = Md::contiguous(s.bulk.clone())

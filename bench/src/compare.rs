@@ -38,7 +38,7 @@ pub struct CompareArgs {
     #[arg(long, default_value_t = 4791)]
     pub port: u16,
     /// Seconds per measurement of ours (and of the copy loop and iperf3).
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = crate::parse_seconds)]
     pub duration: f64,
     /// brw sizes, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "64K,1M,4M", value_parser = crate::parse_size)]
@@ -130,12 +130,15 @@ struct Ucx {
     cpu_s_per_gb: Option<f64>,
 }
 
-/// Runs one ucx_perftest pair on loopback.
+/// Warm-up iterations of every ucx_perftest run: fixed, so that two runs of different lengths
+/// differ by their measured iterations only (its default is min(10000, iters/10)).
+const UCX_WARMUP: u64 = 1000;
+
+/// Runs one ucx_perftest pair on loopback. The CPU per GB of a bandwidth test is marginal, as
+/// ours is (measured over the run only): the CPU of both processes is known only from their
+/// start to their exit, which includes loading transports and connecting (about 0.25 CPU-s a
+/// pair here, a quarter of a 4 GiB run's), so a second, short run is subtracted.
 fn ucx(tls: &str, test: &str, size: usize, port: u16) -> Option<Ucx> {
-    let cpu_before = cpu::used_us(cpu::Who::Children);
-    let mut server = server_command("ucx_perftest");
-    server.env("UCX_TLS", tls).args(["-p", &port.to_string()]);
-    let srv = spawn_ready(server, "Waiting for connection")?;
     let iters: u64 = if test.ends_with("lat") {
         100_000
     } else if test == "ucp_am_bw" {
@@ -143,6 +146,27 @@ fn ucx(tls: &str, test: &str, size: usize, port: u16) -> Option<Ucx> {
     } else {
         ((4u64 << 30) / size.max(1) as u64).clamp(1000, 100_000)
     };
+    let (out, cpu_us) = ucx_run(tls, test, size, port, iters)?;
+    let fin = out.lines().find(|l| l.trim_start().starts_with("Final:"))?;
+    let f: Vec<f64> = fin.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let cpu_s_per_gb = if test.ends_with("_bw") && test != "ucp_am_bw" {
+        let short = iters / 8;
+        let (_, short_cpu_us) = ucx_run(tls, test, size, port, short)?;
+        cpu::secs_per_gb(cpu_us.saturating_sub(short_cpu_us), (iters - short) * size as u64)
+    } else {
+        None
+    };
+    // iterations, typical lat, avg lat, overall lat, avg bw, overall bw, avg rate, overall rate
+    Some(Ucx { lat_us: *f.get(1)?, mib_s: *f.get(5)?, rate: *f.get(7)?, cpu_s_per_gb })
+}
+
+/// One ucx_perftest server and client of `iters` iterations: the client's output and the CPU
+/// microseconds both processes used, start to exit.
+fn ucx_run(tls: &str, test: &str, size: usize, port: u16, iters: u64) -> Option<(String, u64)> {
+    let cpu_before = cpu::used_us(cpu::Who::Children);
+    let mut server = server_command("ucx_perftest");
+    server.env("UCX_TLS", tls).args(["-p", &port.to_string()]);
+    let srv = spawn_ready(server, "Waiting for connection")?;
     let mut client = Command::new("ucx_perftest");
     client.env("UCX_TLS", tls).args([
         "127.0.0.1",
@@ -154,19 +178,12 @@ fn ucx(tls: &str, test: &str, size: usize, port: u16) -> Option<Ucx> {
         &size.to_string(),
         "-n",
         &iters.to_string(),
+        "-w",
+        &UCX_WARMUP.to_string(),
     ]);
     let out = run_bounded(client, Duration::from_secs(120))?;
     drop(srv);
-    let cpu_us = cpu::used_us(cpu::Who::Children).saturating_sub(cpu_before);
-    let fin = out.lines().find(|l| l.trim_start().starts_with("Final:"))?;
-    let f: Vec<f64> = fin.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-    // iterations, typical lat, avg lat, overall lat, avg bw, overall bw, avg rate, overall rate
-    Some(Ucx {
-        lat_us: *f.get(1)?,
-        mib_s: *f.get(5)?,
-        rate: *f.get(7)?,
-        cpu_s_per_gb: cpu::secs_per_gb(cpu_us, iters * size as u64),
-    })
+    Some((out, cpu::used_us(cpu::Who::Children).saturating_sub(cpu_before)))
 }
 
 /// iperf3, one TCP stream of `len`-byte writes: (received MiB/s, CPU s/GB of both processes).
@@ -431,11 +448,13 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             }
         }
     }
-    let rate = find(&rows, Op::Ping, 8, 32).map_or(0.0, |r| 2.0 * r.run.rpc_s());
+    // Requests per second, one direction as ucp_am_bw counts its messages (each of ours is
+    // also answered: the machine moves twice as many messages as this counts).
+    let rate = find(&rows, Op::Ping, 8, 32).map_or(0.0, |r| r.run.rpc_s());
     for tls in ["sm,self", "tcp"] {
         let bw = if have_ucx { ucx(tls, "ucp_am_bw", 8, next_port()) } else { None };
         print_line(&Line {
-            what: format!("8B msg/s (ping c32 x2) vs UCX_TLS={tls} ucp_am_bw"),
+            what: format!("8B requests/s (ping c32) vs UCX_TLS={tls} ucp_am_bw"),
             peer: bw.map(|x| x.rate),
             ours: rate,
             unit: "msg/s",

@@ -30,7 +30,7 @@ pub struct LocalArgs {
     #[arg(long, default_value_t = 4791)]
     pub port: u16,
     /// Seconds per test.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = crate::parse_seconds)]
     pub duration: f64,
     /// RPCs in flight per test (1 or more).
     #[arg(long, default_value_t = 8, value_parser = crate::parse_concurrency)]

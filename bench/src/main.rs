@@ -127,7 +127,7 @@ enum Cmd {
         #[arg(long, default_value = "8", value_parser = parse_size)]
         size: usize,
         /// Seconds to ping.
-        #[arg(long, default_value_t = 2.0)]
+        #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
         duration: f64,
         /// UDP port of the software fabric.
         #[arg(long, default_value_t = 4791)]
@@ -137,7 +137,7 @@ enum Cmd {
     /// the machine's floor under any same-host round trip (under `fabric-ping` and `ping`).
     LinePing {
         /// Seconds to ping.
-        #[arg(long, default_value_t = 2.0)]
+        #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
         duration: f64,
     },
     /// The line ping's echoing process (started by `line-ping` and `compare`; its standard
@@ -180,13 +180,13 @@ struct Target {
 #[derive(Args, Clone)]
 struct HowLong {
     /// Run for this many seconds (default 10).
-    #[arg(long, conflicts_with = "count")]
+    #[arg(long, conflicts_with = "count", value_parser = parse_seconds)]
     duration: Option<f64>,
     /// Run this many RPCs.
     #[arg(long)]
     count: Option<u64>,
     /// Fail an RPC that has not completed after this many seconds.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = parse_seconds)]
     timeout: f64,
 }
 
@@ -210,6 +210,15 @@ fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 /// `--concurrency`: RPCs in flight, at least one (lst's `--concurrency` starts at 1 too).
+/// A number of seconds: finite and above zero (at most a year).
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(x) if x.is_finite() && x > 0.0 && x <= 365.0 * 86400.0 => Ok(x),
+        Ok(_) => Err(format!("'{s}' is not a number of seconds above 0 (e.g. 2 or 0.5)")),
+        Err(_) => Err(format!("'{s}' is not a number of seconds")),
+    }
+}
+
 fn parse_concurrency(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(0) => Err("must be at least 1".to_owned()),
@@ -262,10 +271,22 @@ fn default_nid(to: Nid) -> Nid {
     if mine == to { Nid::new(to.net(), std::net::Ipv4Addr::new(127, 0, 0, 3)) } else { mine }
 }
 
-/// Runs one client measurement with progress lines and counters.
+/// How long each measurement warms up first (its RPCs are not counted).
+const WARMUP: Duration = Duration::from_millis(100);
+
+/// Runs one client measurement with progress lines and counters, after a [`WARMUP`].
 pub fn measure(node: &Node, spec: &RunSpec, label: &str) -> Row {
     if spec.progress {
         eprintln!("[{label}]");
+    }
+    // A warm-up, measured by nothing: the first RPCs of a run wake schedulers, fault pages in
+    // and fill caches (the first ping of a run took 100-270 µs, the next thousand ran slower
+    // than the rest), which a short `--count` run would otherwise report as its rate.
+    let warm = RunSpec { duration: Some(WARMUP), count: None, progress: false, ..spec.clone() };
+    let warmed = client::run(node, &warm);
+    if warmed.first_error.is_some() {
+        // Failed already (no server, say): that is the result, without a second wait for it.
+        return Row { run: warmed, counters: Counters::default() };
     }
     let before = node.lnd_stats();
     let server_before = client::fetch_stats(node, spec.server);
@@ -286,7 +307,7 @@ pub fn measure(node: &Node, spec: &RunSpec, label: &str) -> Row {
             + delta("credit_stalls"),
         noops: after.engine.noops.saturating_sub(before.engine.noops) + delta("noops"),
         client_cpu_us,
-        server_cpu_us: delta("cpu_us"),
+        server_cpu_us: server_after.as_ref().map(|_| delta("cpu_us")),
     };
     Row { run, counters }
 }

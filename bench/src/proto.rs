@@ -214,13 +214,24 @@ fn stamped(check: Check, len: usize) -> Box<dyn Iterator<Item = usize>> {
     }
 }
 
+/// Where the bytes after the last whole 8-byte word of `len` bytes start.
+fn len_before_tail(len: usize) -> usize {
+    len - len % 8
+}
+
 /// Stamps `buf` (the first `len` bytes) for `check` with `magic`.
 pub fn stamp(buf: &mut [u8], check: Check, magic: u64) {
     if check == Check::Full {
-        // Every whole word, in one pass the compiler can keep in registers.
-        for (i, w) in buf.chunks_exact_mut(8).enumerate() {
+        // Every whole word, in one pass the compiler can keep in registers, then the bytes
+        // after the last whole word (their word's first bytes).
+        let at = len_before_tail(buf.len());
+        let mut words = buf.chunks_exact_mut(8);
+        for (i, w) in words.by_ref().enumerate() {
             w.copy_from_slice(&word(magic, i * 8));
         }
+        let tail = words.into_remainder();
+        let n = tail.len();
+        tail.copy_from_slice(&word(magic, at)[..n]);
         return;
     }
     let len = buf.len();
@@ -234,7 +245,11 @@ pub fn stamp(buf: &mut [u8], check: Check, magic: u64) {
 /// Whether `buf` carries the stamps `check` and `magic` call for.
 pub fn verify(buf: &[u8], check: Check, magic: u64) -> bool {
     if check == Check::Full {
-        return buf.chunks_exact(8).enumerate().all(|(i, w)| w == word(magic, i * 8));
+        let words = buf.chunks_exact(8);
+        let tail = words.remainder();
+        let at = len_before_tail(buf.len());
+        return words.enumerate().all(|(i, w)| w == word(magic, i * 8))
+            && tail == &word(magic, at)[..tail.len()];
     }
     let len = buf.len();
     stamped(check, len).all(|at| buf.get(at..at + 8) == Some(&word(magic, at)[..]))
@@ -270,5 +285,13 @@ mod tests {
         let mut small = vec![0u8; 5];
         stamp(&mut small, Check::Full, 3);
         assert!(verify(&small, Check::Simple, 3));
+        // Full checks every byte, the ones after the last whole word too.
+        for len in [5usize, 13, 4099] {
+            let mut b = vec![0u8; len];
+            stamp(&mut b, Check::Full, 9);
+            assert!(verify(&b, Check::Full, 9), "{len}");
+            b[len - 1] ^= 1;
+            assert!(!verify(&b, Check::Full, 9), "{len}: the last byte is checked");
+        }
     }
 }

@@ -16,14 +16,15 @@ pub struct Counters {
     pub noops: u64,
     /// CPU time (user + system) of the client process during the run, in microseconds.
     pub client_cpu_us: u64,
-    /// CPU time of the server process during the run (from its stats), in microseconds.
-    pub server_cpu_us: u64,
+    /// CPU time of the server process during the run (from its stats), in microseconds;
+    /// `None` when the server's stats did not come (then there is no CPU per GB either).
+    pub server_cpu_us: Option<u64>,
 }
 
 impl Row {
     /// CPU seconds per GB (10^9 bytes) moved, both processes together; `None` for pings.
     pub fn cpu_s_per_gb(&self) -> Option<f64> {
-        crate::cpu::secs_per_gb(self.counters.client_cpu_us + self.counters.server_cpu_us, self.run.bytes)
+        crate::cpu::secs_per_gb(self.counters.client_cpu_us + self.counters.server_cpu_us?, self.run.bytes)
     }
 }
 
@@ -34,6 +35,15 @@ pub struct Row {
     pub run: RunResult,
     /// Counters during it.
     pub counters: Counters,
+}
+
+/// lnet_selftest's name of a `check=` mode.
+fn check_name(c: crate::proto::Check) -> &'static str {
+    match c {
+        crate::proto::Check::None => "none",
+        crate::proto::Check::Simple => "simple",
+        crate::proto::Check::Full => "full",
+    }
 }
 
 /// The test's name as lnet_selftest would say it.
@@ -118,21 +128,24 @@ fn json_str(s: &str) -> String {
     o
 }
 
-/// One JSON document: a record per run.
-pub fn json(rows: &[Row], verified: bool) -> String {
+/// One JSON document: a record per run. `completed`: every RPC completed and none found its
+/// data corrupt; `verified`: that, with the data of every run checked (`check` not `none`).
+pub fn json(rows: &[Row], completed: bool) -> String {
+    let verified = completed && rows.iter().all(|r| r.run.check != crate::proto::Check::None);
     let mut out = String::from("{\n  \"runs\": [\n");
     for (i, r) in rows.iter().enumerate() {
         let x = &r.run;
         let _ = write!(
             out,
-            "    {{\"op\": {}, \"size\": {}, \"concurrency\": {}, \"rpcs\": {}, \"bytes\": {}, \"seconds\": {:.6}, \
+            "    {{\"op\": {}, \"size\": {}, \"concurrency\": {}, \"check\": {}, \"rpcs\": {}, \"bytes\": {}, \"seconds\": {:.6}, \
              \"mib_s\": {:.3}, \"rpc_s\": {:.3}, \"latency_us\": {{\"p50\": {:.3}, \"p99\": {:.3}, \"p99_9\": {:.3}, \"max\": {:.3}}}, \
              \"errors\": {}, \"corrupt\": {}, \"first_error\": {}, \
              \"stats\": {{\"retransmits\": {}, \"credit_stalls\": {}, \"noops\": {}}}, \
-             \"cpu\": {{\"client_s\": {:.3}, \"server_s\": {:.3}, \"s_per_gb\": {}}}}}",
+             \"cpu\": {{\"client_s\": {:.3}, \"server_s\": {}, \"s_per_gb\": {}}}}}",
             json_str(op_name(x.op)),
             x.size,
             x.concurrency,
+            json_str(check_name(x.check)),
             x.rpcs,
             x.bytes,
             x.secs,
@@ -149,12 +162,12 @@ pub fn json(rows: &[Row], verified: bool) -> String {
             r.counters.credit_stalls,
             r.counters.noops,
             r.counters.client_cpu_us as f64 / 1e6,
-            r.counters.server_cpu_us as f64 / 1e6,
+            r.counters.server_cpu_us.map_or("null".to_owned(), |us| format!("{:.3}", us as f64 / 1e6)),
             r.cpu_s_per_gb().map_or("null".to_owned(), |c| format!("{c:.4}"))
         );
         out.push_str(if i + 1 < rows.len() { ",\n" } else { "\n" });
     }
-    let _ = write!(out, "  ],\n  \"verified\": {verified}\n}}\n");
+    let _ = write!(out, "  ],\n  \"completed\": {completed},\n  \"verified\": {verified}\n}}\n");
     out
 }
 
