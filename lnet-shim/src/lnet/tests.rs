@@ -703,21 +703,20 @@ fn wait_quiet_waits_for_messages_in_progress() {
     assert_eq!(next(&qb).kind, EventKind::Put);
 }
 
-/// An LND that answers every GET at once with a reply length of its choosing.
-struct ReplyLenLnd {
+/// An LND whose every send goes to `on_send` (which may answer it through LNet's upcalls, or
+/// keep it); it has no peers.
+struct FnLnd<F: Fn(LndSend) + Send + Sync> {
     nid: Nid,
-    reply_len: usize,
-    up: Arc<dyn LndUpcalls>,
+    on_send: F,
 }
 
-impl Lnd for ReplyLenLnd {
+impl<F: Fn(LndSend) + Send + Sync> Lnd for FnLnd<F> {
     fn nid(&self) -> Nid {
         self.nid
     }
 
     fn send(&self, msg: LndSend) -> Result<(), crate::lnd::LndError> {
-        let reply_len = msg.get_sink.is_some().then_some(self.reply_len);
-        self.up.send_done(msg.token, Ok(crate::lnd::SendStatus { reply_len }));
+        (self.on_send)(msg);
         Ok(())
     }
 
@@ -740,7 +739,12 @@ fn a_reply_longer_than_the_md_is_a_protocol_error() {
         let nid: Nid = "10.0.9.1@o2ib".parse().unwrap();
         let lnet = Lnet::new(LnetConfig::default());
         lnet.add_ni(nid, 8, 8, |up| {
-            Ok::<_, std::io::Error>(Arc::new(ReplyLenLnd { nid, reply_len, up }) as Arc<dyn Lnd>)
+            // Answers every GET at once with a reply length of the test's choosing.
+            let on_send = move |msg: LndSend| {
+                let reply_len = msg.get_sink.is_some().then_some(reply_len);
+                up.send_done(msg.token, Ok(crate::lnd::SendStatus { reply_len }));
+            };
+            Ok::<_, std::io::Error>(Arc::new(FnLnd { nid, on_send }) as Arc<dyn Lnd>)
         })
         .unwrap();
         let q = EventQueue::new(8);
@@ -861,27 +865,6 @@ fn deliver_from_many_threads(round: u8) {
 
 // ---------------------------------------------------------------- responses name their operation
 
-/// An LND that keeps every send; the test completes them and injects the responses.
-struct HoldLnd {
-    nid: Nid,
-    sent: std::sync::Mutex<Vec<LndSend>>,
-}
-
-impl Lnd for HoldLnd {
-    fn nid(&self) -> Nid {
-        self.nid
-    }
-    fn send(&self, msg: LndSend) -> Result<(), crate::lnd::LndError> {
-        self.sent.lock().unwrap().push(msg);
-        Ok(())
-    }
-    fn peers(&self) -> Vec<crate::lnd::PeerInfo> {
-        Vec::new()
-    }
-    fn close_peer(&self, _peer: Nid) {}
-    fn shutdown(&self) {}
-}
-
 /// Two PUTs with ACK from one MD to one peer with the same match bits (other portals and
 /// hdr_data). PUT 2 is sent and ACKed first (an IMMEDIATE PUT overtaking an RDMA one), then
 /// PUT 1 fails (PUT_NAK). The ACK ends PUT 2, and PUT 1 ends with its error: each response
@@ -892,11 +875,14 @@ fn an_ack_ends_the_put_it_answers() {
     let nid: Nid = "10.0.20.1@o2ib".parse().unwrap();
     let peer = ProcessId::new("10.0.20.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
     let lnet = Lnet::new(LnetConfig::default());
-    let lnd = Arc::new(HoldLnd { nid, sent: std::sync::Mutex::new(Vec::new()) });
+    // An LND that keeps every send: the test completes them and injects the responses.
+    let sent = Arc::new(std::sync::Mutex::new(Vec::<LndSend>::new()));
+    let kept = sent.clone();
+    let lnd = Arc::new(FnLnd { nid, on_send: move |msg| kept.lock().unwrap().push(msg) });
     let mut up = None;
     lnet.add_ni(nid, 8, 8, |u| {
         up = Some(u);
-        Ok::<_, std::io::Error>(lnd.clone() as Arc<dyn Lnd>)
+        Ok::<_, std::io::Error>(lnd as Arc<dyn Lnd>)
     })
     .unwrap();
     let up = up.unwrap();
@@ -904,7 +890,7 @@ fn an_ack_ends_the_put_it_answers() {
     let h = lnet.md_bind(Md::contiguous(buf(&[5; 100])).with_events(q.clone()), Unlink::Retain).unwrap();
     lnet.put(h, AckReq::Ack, peer, 1, 7, 0, 1).unwrap();
     lnet.put(h, AckReq::Ack, peer, 2, 7, 0, 2).unwrap();
-    let sent: Vec<(u64, LnetHdr)> = lnd.sent.lock().unwrap().iter().map(|s| (s.token, s.hdr)).collect();
+    let sent: Vec<(u64, LnetHdr)> = sent.lock().unwrap().iter().map(|s| (s.token, s.hdr)).collect();
     let (t1, t2) = (sent[0].0, sent[1].0);
     let LnetMsg::Put(p1) = sent[0].1.msg else { panic!("a PUT") };
     let LnetMsg::Put(p2) = sent[1].1.msg else { panic!("a PUT") };
