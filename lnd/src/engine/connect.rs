@@ -131,7 +131,13 @@ impl<D: Device> Engine<D> {
         }
         p.note_attempt(now);
         let (q, frags, stamp) = (p.queue_depth.min(q0), p.max_frags.min(self.cfg.max_frags), p.incarnation);
-        let established = p.conns.len();
+        // Closing connections stay in `conns` until their flushes are reaped: not open ones.
+        let conns = &self.conns;
+        let established = p
+            .conns
+            .iter()
+            .filter(|&&k| conns.get(k).is_some_and(|c| c.state == ConnState::Established))
+            .count();
         let addr = match self.dev.resolve(nid.addr()) {
             Ok(a) => a,
             Err(_) => {
@@ -320,9 +326,17 @@ impl<D: Device> Engine<D> {
         let me = self.cfg.nid;
         let p = self.peers.entry(nid).or_insert_with(|| Peer::new(nid, q0));
         if p.incarnation != 0 && p.incarnation != h.srcstamp {
-            // A restarted peer: drop what we had with its old incarnation.
+            // A restarted peer: drop the connections we had with its old incarnation
+            // (`kiblnd_close_stale_conns_locked`). Not our own attempt in flight: the new peer
+            // rejects it as stale, and that reject retries it while sends wait for the peer
+            // (closing it here failed them, with no attempt left).
             p.incarnation = h.srcstamp;
-            let old: Vec<usize> = p.conns.clone();
+            let old: Vec<usize> = p
+                .conns
+                .iter()
+                .copied()
+                .filter(|&k| self.conns.get(k).is_some_and(|c| c.state != ConnState::ActiveConnect))
+                .collect();
             for k in old {
                 self.close_conn(now, k, err(Errno::ESTALE, Health::RemoteDropped));
             }

@@ -222,6 +222,61 @@ fn a_peer_that_hung_up_is_idle_not_failed() {
     assert_eq!(state(&sim, 0), Some(PeerState::Connected), "seed {s}");
 }
 
+/// `conns_per_peer=2`: the active side opens two connections; closed and reconnected at once,
+/// while the closed ones still wait for their flushes, it opens two again (the closing ones
+/// used to count as open, so only one came back).
+#[test]
+fn conns_per_peer_connections_are_opened_and_reopened() {
+    let s = seed();
+    let tun = {
+        let mut t = Tunables { conns_per_peer: 2, ..Tunables::default() };
+        t.finalize().unwrap();
+        t
+    };
+    let mut sim = Sim::new(s, 2, &tun, FaultConfig::NONE);
+    for tag in 1..=8 {
+        sim.put(0, 1, tag, 100);
+    }
+    for tag in 1..=8 {
+        assert!(sim.wait_send(0, tag, 1_000_000).is_ok(), "seed {s}");
+    }
+    let conns = sim.nodes[0].engine.conn_details(nid(1));
+    assert_eq!(conns.len(), 2, "seed {s}: {conns:?}");
+    assert_eq!(sim.nodes[1].engine.conn_details(nid(0)).len(), 2, "seed {s}: the passive side has both");
+    // Close both and send at once: the closing connections are still there.
+    sim.nodes[0].engine.close_peer(sim.now, nid(1));
+    sim.put(0, 1, 9, 100);
+    assert!(sim.wait_send(0, 9, 1_000_000).is_ok(), "seed {s}");
+    let ok = sim.run_until(1_000_000, |sim| sim.nodes[0].engine.conn_details(nid(1)).len() == 2);
+    assert!(ok, "seed {s}: two connections again: {:?}", sim.nodes[0].engine.conn_details(nid(1)));
+}
+
+/// Node 1 hangs up and restarts with a new incarnation; then both nodes send to each other at
+/// once. Node 0's attempt carries the old stamp and the new node 1's REQ tells node 0 of the
+/// restart: node 0 drops what it had of the old incarnation but not its own attempt, which the
+/// new peer rejects as stale and which then retries. Before, node 0 closed its own attempt on
+/// the stale REQ and failed its send with ESTALE.
+#[test]
+fn a_restarted_peer_connecting_while_we_do_gets_our_send() {
+    for k in 0..4 {
+        let s = seed().wrapping_add(k);
+        let mut sim = Sim::new(s, 2, &tunables(), FaultConfig::NONE);
+        sim.put(0, 1, 1, 100);
+        assert!(sim.wait_send(0, 1, 100_000).is_ok(), "seed {s}");
+        sim.nodes[1].engine.close_peer(sim.now, nid(0));
+        let ok = sim.run_until(1_000_000, |sim| sim.nodes[0].engine.conn_details(nid(1)).is_empty());
+        assert!(ok, "seed {s}");
+        sim.run_for(Duration::from_secs(1));
+        sim.add_node(1, tunables(), FaultConfig::NONE, SoftConfig::default(), 9999);
+        sim.put(0, 1, 2, 5000);
+        sim.put(1, 0, 3, 5000);
+        let r0 = sim.wait_send(0, 2, 1_000_000);
+        let r1 = sim.wait_send(1, 3, 1_000_000);
+        assert!(r0.is_ok(), "seed {s}: node 0's send to the restarted peer: {r0:?}");
+        assert!(r1.is_ok(), "seed {s}: the restarted peer's send: {r1:?}");
+    }
+}
+
 #[test]
 fn transfers_in_flight_to_a_crashed_peer_fail_exactly_once_then_a_restart_works() {
     let s = seed();
