@@ -80,9 +80,7 @@ impl<D: Device> Engine<D> {
         let live = self.peers.get(&peer).is_some_and(|p| {
             p.connecting > 0
                 || p.accepting > 0
-                || p.conns
-                    .iter()
-                    .any(|&k| self.conns.get(k).is_some_and(|c| c.state == ConnState::Established))
+                || super::conn::established(&self.conns, &p.conns).next().is_some()
         });
         if live {
             return;
@@ -159,13 +157,13 @@ impl<D: Device> Engine<D> {
             self.tx_maybe_done(t);
         }
         // Closed on request, not failed.
-        self.forget_failure(Some(peer));
+        self.forget_failure(peer);
     }
 
     /// The peer's connections ended without a failure (a hang-up, a close on request): it is
     /// reported idle, not `Failed`, unless an attempt is under way or a connection is up.
-    pub(super) fn forget_failure(&mut self, peer: Option<Nid>) {
-        if let Some(p) = peer.and_then(|n| self.peers.get_mut(&n)) {
+    pub(super) fn forget_failure(&mut self, peer: Nid) {
+        if let Some(p) = self.peers.get_mut(&peer) {
             p.last_error = None;
         }
     }

@@ -9,6 +9,7 @@
 
 use lnet_shim::lnd::LndError;
 use lnet_shim::nid::Nid;
+use slab::Slab;
 
 use super::tx::{MAX_CONN_KEY, WrKind, rx_index, wr_id};
 use crate::cm::manager::ConnId;
@@ -185,4 +186,15 @@ impl<D: Device> Conn<D> {
     pub(crate) fn is_quiet(&self) -> bool {
         self.posted_rx == 0 && self.sending == 0
     }
+}
+
+/// The connections among `keys` (a peer's `conns`, which also holds those being set up and
+/// those closing until their flushes are reaped) that are established, in order.
+pub(crate) fn established<'a, D: Device>(
+    conns: &'a Slab<Conn<D>>,
+    keys: &'a [usize],
+) -> impl Iterator<Item = (usize, &'a Conn<D>)> + 'a {
+    keys.iter()
+        .filter_map(move |&k| Some((k, conns.get(k)?)))
+        .filter(|(_, c)| c.state == ConnState::Established)
 }

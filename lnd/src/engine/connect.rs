@@ -15,7 +15,7 @@ use lnet_shim::event::Errno;
 use lnet_shim::lnd::{Health, LndError};
 use lnet_shim::nid::Nid;
 
-use super::conn::{ConnSpec, ConnState, create};
+use super::conn::{ConnSpec, ConnState, create, established};
 use super::peer::{MAX_CONN_RACES, Peer, nidhash};
 use super::{Engine, err};
 use crate::cm::ip_cm::CmaHeader;
@@ -131,13 +131,7 @@ impl<D: Device> Engine<D> {
         }
         p.note_attempt(now);
         let (q, frags, stamp) = (p.queue_depth.min(q0), p.max_frags.min(self.cfg.max_frags), p.incarnation);
-        // Closing connections stay in `conns` until their flushes are reaped: not open ones.
-        let conns = &self.conns;
-        let established = p
-            .conns
-            .iter()
-            .filter(|&&k| conns.get(k).is_some_and(|c| c.state == ConnState::Established))
-            .count();
+        let established = established(&self.conns, &p.conns).count();
         let addr = match self.dev.resolve(nid.addr()) {
             Ok(a) => a,
             Err(_) => {
@@ -249,13 +243,13 @@ impl<D: Device> Engine<D> {
                 if let Some(key) = self.conn_for_cm(id) {
                     // Messages and ACKs that arrived before the peer's DREQ may still sit in
                     // the CQ: `close_conn` reaps them while the connection is established.
-                    let hung_up = self.conns.get(key).is_some_and(|c| c.state == ConnState::Established);
-                    let peer = self.conns.get(key).map(|c| c.peer);
+                    // The peer ended a working connection: nothing failed, so the peer is idle
+                    // (not `Failed`) until the next send connects again.
+                    let hung_up =
+                        self.conns.get(key).filter(|c| c.state == ConnState::Established).map(|c| c.peer);
                     self.forget_cm(key);
                     self.close_conn(now, key, err(Errno::ECONNABORTED, Health::RemoteDropped));
-                    if hung_up {
-                        // The peer ended a working connection: nothing failed, the peer is
-                        // idle (not `Failed`) until the next send connects again.
+                    if let Some(peer) = hung_up {
                         self.forget_failure(peer);
                     }
                 }

@@ -58,7 +58,7 @@ use lnet_shim::lnd::{Health, LndError, LndSend, LndUpcalls, PeerInfo};
 use lnet_shim::nid::Nid;
 use slab::Slab;
 
-use self::conn::{Conn, ConnState};
+use self::conn::Conn;
 use self::peer::Peer;
 use self::tx::{SlotPool, Tx};
 use crate::cm::ip_cm::{PortSpace, ip_service_id};
@@ -619,12 +619,7 @@ impl<D: Device> Engine<D> {
         self.peers
             .values()
             .map(|p| {
-                let est: Vec<&Conn<D>> = p
-                    .conns
-                    .iter()
-                    .filter_map(|&k| self.conns.get(k))
-                    .filter(|c| c.state == ConnState::Established)
-                    .collect();
+                let est: Vec<&Conn<D>> = conn::established(&self.conns, &p.conns).map(|(_, c)| c).collect();
                 let counters: Vec<_> = est.iter().map(|c| c.credits.counters()).collect();
                 PeerInfo {
                     nid: p.nid,
@@ -646,11 +641,8 @@ impl<D: Device> Engine<D> {
         self.peers
             .get(&peer)
             .map(|p| {
-                p.conns
-                    .iter()
-                    .filter_map(|&k| self.conns.get(k))
-                    .filter(|c| c.state == ConnState::Established)
-                    .map(|c| ConnDetail {
+                conn::established(&self.conns, &p.conns)
+                    .map(|(_, c)| ConnDetail {
                         local_qpn: c.qp.qp_num(),
                         remote_qpn: c.remote_qpn,
                         credits: c.credits.counters(),
@@ -669,7 +661,7 @@ impl<D: Device> Engine<D> {
     pub(crate) fn check_attempt_counts(&self) -> Result<(), String> {
         for (nid, p) in &self.peers {
             let of = |state| self.conns.iter().filter(|(_, c)| c.peer == *nid && c.state == state).count();
-            let (active, passive) = (of(ConnState::ActiveConnect), of(ConnState::PassiveWait));
+            let (active, passive) = (of(conn::ConnState::ActiveConnect), of(conn::ConnState::PassiveWait));
             if (p.connecting as usize, p.accepting as usize) != (active, passive) {
                 return Err(format!(
                     "{nid}: connecting {} accepting {}, but {active} active and {passive} passive connections being set up",

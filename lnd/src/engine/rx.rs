@@ -309,16 +309,15 @@ impl<D: Device> Engine<D> {
                 i32::try_from(nob).unwrap_or(i32::MAX)
             }
             Err(e) => {
-                let errno = match e {
-                    RdmaSetupError::TooManyFragments => Errno::EMSGSIZE,
-                    RdmaSetupError::SinkTooSmall => Errno::EINVAL,
-                    RdmaSetupError::SourceTooSmall => Errno::EPROTO,
+                let (errno, health) = match e {
+                    RdmaSetupError::TooManyFragments => (Errno::EMSGSIZE, Health::LocalError),
+                    RdmaSetupError::SinkTooSmall => (Errno::EINVAL, Health::LocalError),
+                    RdmaSetupError::SourceTooSmall => {
+                        self.stats.protocol_errors += 1;
+                        (Errno::EPROTO, Health::RemoteError)
+                    }
                 };
-                let health = if errno == Errno::EPROTO { Health::RemoteError } else { Health::LocalError };
                 t.fail(err(errno, health));
-                if errno == Errno::EPROTO {
-                    self.stats.protocol_errors += 1;
-                }
                 errno.as_i32()
             }
         };

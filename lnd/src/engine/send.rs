@@ -380,10 +380,8 @@ impl<D: Device> Engine<D> {
     pub(super) fn queue_for_peer(&mut self, now: Instant, peer: Nid, txk: usize) {
         let q = self.cfg.tunables.peer_credits;
         let p = self.peers.entry(peer).or_insert_with(|| super::peer::Peer::new(peer, q));
-        let conns = &self.conns;
-        let up = |k: &usize| conns.get(*k).is_some_and(|c| c.state == ConnState::Established);
         // Counted, then picked, without a list of them: this runs for every message.
-        let established = p.conns.iter().filter(|k| up(k)).count();
+        let established = super::conn::established(&self.conns, &p.conns).count();
         if established == 0 {
             p.pending.push_back(txk);
             if let Some(t) = self.txs.get_mut(txk) {
@@ -396,7 +394,8 @@ impl<D: Device> Engine<D> {
             return;
         }
         p.rr = p.rr.wrapping_add(1);
-        let key = p.conns.iter().copied().filter(|k| up(k)).nth(p.rr % established).unwrap_or_default();
+        let key =
+            super::conn::established(&self.conns, &p.conns).nth(p.rr % established).map_or(0, |(k, _)| k);
         self.queue_on_conn(key, txk);
     }
 
