@@ -256,6 +256,56 @@ fn no_match_drop_is_seen_by_both_sides() {
     assert_eq!(sa.ni(a.nid).unwrap().counters.send_errors, 2, "{sa}");
 }
 
+/// Asks `n`'s schedulers for their counters until `done` holds (a bounded number of times:
+/// each answer comes from a scheduler turn that began after the previous question).
+fn until_engine(n: &Node, what: &str, done: impl Fn(&lnd::engine::EngineStats) -> bool) {
+    for _ in 0..1000 {
+        if done(&n.driver.stats().expect("the scheduler answers").engine) {
+            return;
+        }
+    }
+    panic!("{}: {what} never seen: {:?}", n.nid, n.driver.stats());
+}
+
+/// The port's link goes down under a running interface (`PORT_ERR`): LNet's PUT fails at once
+/// with `-ENETDOWN`, both for the send event and the ACK it waited for; the link returns
+/// (`PORT_ACTIVE`) and the next PUT goes through on the same connection.
+#[test]
+fn a_port_that_goes_down_fails_puts_at_once_and_one_that_returns_carries_them_again() {
+    let port = unique_port(0);
+    let (a, b) = (Node::start("127.0.0.7", port), Node::start("127.0.0.8", port));
+    let q = EventQueue::new(32);
+    let sink = Arc::new(Buffer::new(4096));
+    let put = |bits: u64| {
+        a.lnet
+            .put(bind(&a, buf(&pattern(bits, 1000)), 2, &q), AckReq::Ack, b.pid(), PORTAL, bits, 0, 0)
+            .unwrap();
+    };
+    let qb = EventQueue::new(8);
+    post(&b, 1, Arc::new(Buffer::new(1000)), MdOptions::OP_PUT, &qb);
+    put(1);
+    let (send, ack) = (next(&q), next(&q));
+    assert_eq!((send.status, ack.status), (Ok(()), Ok(())));
+    let conns = a.driver.stats().unwrap().engine.conns_established;
+
+    assert!(a.driver.set_soft_port_state(lnd::fabric::PortState::Down), "the software fabric");
+    until_engine(&a, "PORT_ERR", |e| e.port_errors == 1);
+    put(2);
+    let (send, ack) = (next(&q), next(&q));
+    assert_eq!((send.kind, send.status), (EventKind::Send, Err(Errno::ENETDOWN)));
+    assert_eq!((ack.kind, ack.status), (EventKind::Ack, Err(Errno::ENETDOWN)));
+
+    assert!(a.driver.set_soft_port_state(lnd::fabric::PortState::Active));
+    post(&b, 3, sink.clone(), MdOptions::OP_PUT, &qb);
+    until_engine(&a, "PORT_ACTIVE", |e| e.port_recoveries == 1);
+    put(3);
+    let (send, ack) = (next(&q), next(&q));
+    assert_eq!((send.status, ack.status), (Ok(()), Ok(())));
+    assert!(sink.to_vec(0, 1000).unwrap() == pattern(3, 1000));
+    let e = a.driver.stats().unwrap().engine;
+    assert_eq!((e.conns_established, e.sends_refused_link), (conns, 1), "{e:?}");
+}
+
 struct Expect {
     sink: Arc<Buffer>,
     data: Vec<u8>,

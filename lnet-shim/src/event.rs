@@ -81,6 +81,8 @@ impl Errno {
     pub const EIO: Errno = Errno(-5);
     /// `-ENOMEM` (12).
     pub const ENOMEM: Errno = Errno(-12);
+    /// `-ENODEV` (19): the device failed.
+    pub const ENODEV: Errno = Errno(-19);
     /// `-EINVAL` (22).
     pub const EINVAL: Errno = Errno(-22);
     /// `-ENODATA` (61): a GET matched nothing on the peer.
@@ -91,6 +93,8 @@ impl Errno {
     pub const EOVERFLOW: Errno = Errno(-75);
     /// `-EMSGSIZE` (90): too many fragments / too large.
     pub const EMSGSIZE: Errno = Errno(-90);
+    /// `-ENETDOWN` (100): the port's link is down.
+    pub const ENETDOWN: Errno = Errno(-100);
     /// `-ECONNABORTED` (103): the connection closed under the operation.
     pub const ECONNABORTED: Errno = Errno(-103);
     /// `-ESHUTDOWN` (108).
@@ -106,15 +110,17 @@ impl Errno {
     /// `-ECANCELED` (125).
     pub const ECANCELED: Errno = Errno(-125);
 
-    const NAMES: [(Errno, &'static str); 15] = [
+    const NAMES: [(Errno, &'static str); 17] = [
         (Errno::ENOENT, "ENOENT"),
         (Errno::EIO, "EIO"),
         (Errno::ENOMEM, "ENOMEM"),
+        (Errno::ENODEV, "ENODEV"),
         (Errno::EINVAL, "EINVAL"),
         (Errno::ENODATA, "ENODATA"),
         (Errno::EPROTO, "EPROTO"),
         (Errno::EOVERFLOW, "EOVERFLOW"),
         (Errno::EMSGSIZE, "EMSGSIZE"),
+        (Errno::ENETDOWN, "ENETDOWN"),
         (Errno::ECONNABORTED, "ECONNABORTED"),
         (Errno::ESHUTDOWN, "ESHUTDOWN"),
         (Errno::ETIMEDOUT, "ETIMEDOUT"),

@@ -384,6 +384,34 @@ impl Driver {
         self.soft.as_ref().map(SoftDevice::live_counts)
     }
 
+    /// Fault-injection hook for tests and drills on the software fabric: takes the device
+    /// port's link down or brings it back ([`SoftDevice::set_port_state`]) and wakes the
+    /// schedulers to see it. `false` (and nothing done) on another fabric.
+    #[doc(hidden)]
+    pub fn set_soft_port_state(&self, state: crate::fabric::PortState) -> bool {
+        let Some(dev) = &self.soft else { return false };
+        dev.set_port_state(state);
+        self.wake_schedulers();
+        true
+    }
+
+    /// Fault-injection hook for tests and drills on the software fabric: fails the device
+    /// ([`SoftDevice::inject_device_fatal`]) and wakes the schedulers to see it. `false` (and
+    /// nothing done) on another fabric.
+    #[doc(hidden)]
+    pub fn inject_soft_device_fatal(&self) -> bool {
+        let Some(dev) = &self.soft else { return false };
+        dev.inject_device_fatal();
+        self.wake_schedulers();
+        true
+    }
+
+    fn wake_schedulers(&self) {
+        for s in &self.schedulers {
+            let _ = s.shared.waker.wake();
+        }
+    }
+
     /// Each scheduler's counters (asks every scheduler; `None` for one that does not answer in
     /// time, and for the caller's own scheduler when called from one of its event callbacks).
     pub fn scheduler_stats(&self) -> Vec<Option<DriverStats>> {

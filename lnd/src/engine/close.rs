@@ -82,9 +82,13 @@ impl<D: Device> Engine<D> {
                 || p.accepting > 0
                 || super::conn::established(&self.conns, &p.conns).next().is_some()
         });
-        if live {
-            return;
+        if !live {
+            self.fail_pending(peer, error);
         }
+    }
+
+    /// Fails every transmit waiting for a connection to `peer` with `error`.
+    pub(super) fn fail_pending(&mut self, peer: Nid, error: LndError) {
         let pending: Vec<usize> =
             self.peers.get_mut(&peer).map(|p| p.pending.drain(..).collect()).unwrap_or_default();
         for t in pending {
@@ -147,15 +151,7 @@ impl<D: Device> Engine<D> {
         for k in keys {
             self.close_conn(now, k, err(Errno::ECONNABORTED, Health::LocalDropped));
         }
-        let pending: Vec<usize> =
-            self.peers.get_mut(&peer).map(|p| p.pending.drain(..).collect()).unwrap_or_default();
-        for t in pending {
-            if let Some(tx) = self.txs.get_mut(t) {
-                tx.queued = false;
-                tx.fail(err(Errno::ECONNABORTED, Health::LocalDropped));
-            }
-            self.tx_maybe_done(t);
-        }
+        self.fail_pending(peer, err(Errno::ECONNABORTED, Health::LocalDropped));
         // Closed on request, not failed.
         self.forget_failure(peer);
     }

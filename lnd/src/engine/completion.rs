@@ -35,7 +35,9 @@ impl<D: Device> Engine<D> {
                     self.close_conn(now, key, err(Errno::EIO, Health::LocalError));
                 }
             }
-            AsyncEvent::PortErr | AsyncEvent::PortActive => {}
+            AsyncEvent::PortErr => self.port_down(now),
+            AsyncEvent::PortActive => self.port_up(),
+            AsyncEvent::DeviceFatal => self.device_fatal(now),
         }
     }
 

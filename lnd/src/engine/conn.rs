@@ -34,6 +34,13 @@ pub(crate) enum ConnState {
     Closing,
 }
 
+impl ConnState {
+    /// Still being set up: the CM exchange has not finished.
+    pub(crate) fn is_setting_up(self) -> bool {
+        matches!(self, ConnState::ActiveConnect | ConnState::PassiveWait)
+    }
+}
+
 /// One connection.
 pub(crate) struct Conn<D: Device> {
     pub(crate) generation: u32,

@@ -125,6 +125,12 @@ impl<D: Device> Engine<D> {
     pub(super) fn connect_peer(&mut self, now: Instant, nid: Nid) {
         let q0 = self.cfg.tunables.peer_credits;
         let want = self.cfg.tunables.conns_per_peer.max(1) as usize;
+        if let Some(e) = self.link.refusal() {
+            // Nothing can connect over a port that is down (a send accepted before it went
+            // down, a retry after a rejection).
+            self.fail_pending(nid, e);
+            return;
+        }
         let Some(p) = self.peers.get_mut(&nid) else { return };
         if p.connecting > 0 || p.accepting > 0 {
             return;

@@ -28,6 +28,7 @@
 //!   transmit, and ending a transmit exactly once;
 //! * `rx`: received messages, by type, and reposting their buffers;
 //! * `timers`: transmit deadlines, keepalives, connect deadlines, descriptor waits;
+//! * `link`: the port going down and up, and the device failing;
 //! * `close`: closing and destroying connections, shutdown;
 //! * `conn`, `peer`, `tx`, `dirty`: the connection, peer and transmit records.
 
@@ -37,6 +38,7 @@ mod conn;
 mod connect;
 mod cq;
 mod dirty;
+pub mod link;
 mod peer;
 mod post;
 mod rx;
@@ -59,6 +61,7 @@ use lnet_shim::nid::Nid;
 use slab::Slab;
 
 use self::conn::Conn;
+pub use self::link::LinkState;
 use self::peer::Peer;
 use self::tx::{SlotPool, Tx};
 use crate::cm::ip_cm::{PortSpace, ip_service_id};
@@ -177,6 +180,14 @@ pub struct EngineStats {
     pub stale_completions: u64,
     /// Sends completed with an error.
     pub send_errors: u64,
+    /// Times the port went down (`PORT_ERR` while it was active; [`link`]).
+    pub port_errors: u64,
+    /// Times the port came back (`PORT_ACTIVE` while it was down).
+    pub port_recoveries: u64,
+    /// Times the device failed (`DEVICE_FATAL`; at most once).
+    pub device_fatal: u64,
+    /// Sends refused because the port was down or the device had failed.
+    pub sends_refused_link: u64,
 }
 
 impl EngineStats {
@@ -200,6 +211,10 @@ impl EngineStats {
         self.tx_pool_waits += o.tx_pool_waits;
         self.stale_completions += o.stale_completions;
         self.send_errors += o.send_errors;
+        self.port_errors += o.port_errors;
+        self.port_recoveries += o.port_recoveries;
+        self.device_fatal += o.device_fatal;
+        self.sends_refused_link += o.sends_refused_link;
     }
 }
 
@@ -295,6 +310,8 @@ pub struct Engine<D: Device> {
     next_scan: Instant,
     stats: EngineStats,
     shutdown: bool,
+    /// The port's link ([`link`]).
+    link: LinkState,
     wcs: Vec<Wc>,
     /// Successful send completions reaped in the first half of a poll, handled after its
     /// second half has transmitted ([`Engine::poll_finish`]): what they do (LNet's send
@@ -386,6 +403,7 @@ impl<D: Device> Engine<D> {
             next_scan: Instant::ZERO,
             stats: EngineStats::default(),
             shutdown: false,
+            link: LinkState::at_start(port.state),
             wcs: vec![Wc::default(); WC_BATCH],
             deferred_tx: Vec::new(),
             defer_tx: false,

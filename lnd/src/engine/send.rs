@@ -115,11 +115,16 @@ pub fn validate_send(me: Nid, msg: &LndSend) -> Result<(), LndError> {
 }
 
 impl<D: Device> Engine<D> {
-    /// Accepts a message from LNet (`lnd_send`). Fails at once only for a bad request or after
-    /// shutdown; otherwise the outcome comes through `send_done`.
+    /// Accepts a message from LNet (`lnd_send`). Fails at once only for a bad request, after
+    /// shutdown, or while the port is down or the device failed ([`super::link`]);
+    /// otherwise the outcome comes through `send_done`.
     pub fn send(&mut self, now: Instant, msg: LndSend) -> Result<(), LndError> {
         if self.shutdown {
             return Err(err(Errno::ESHUTDOWN, Health::LocalDropped));
+        }
+        if let Some(e) = self.link.refusal() {
+            self.stats.sends_refused_link += 1;
+            return Err(e);
         }
         validate_send(self.cfg.nid, &msg)?;
         self.launch(now, msg);

@@ -521,10 +521,15 @@ pub enum AsyncEvent {
         /// The CQ's identifier (see [`crate::fabric::CompletionQueue::id`]).
         cq_id: u32,
     },
-    /// The port went down (`IBV_EVENT_PORT_ERR`).
+    /// The port went down (`IBV_EVENT_PORT_ERR`): nothing can be sent or received until
+    /// [`AsyncEvent::PortActive`]. QPs keep their state; an RC QP whose peer stays out of
+    /// reach fails its sends once its retries run out.
     PortErr,
     /// The port became active (`IBV_EVENT_PORT_ACTIVE`).
     PortActive,
+    /// The device failed (`IBV_EVENT_DEVICE_FATAL`): every QP is lost and the device must be
+    /// closed and opened again. No event follows it.
+    DeviceFatal,
 }
 
 /// A management datagram: exactly 256 bytes, as carried on QP1 (the GSI).

@@ -392,6 +392,7 @@ mod admission;
 mod connect;
 mod early;
 mod hostile;
+mod link;
 mod ports;
 mod reaping;
 mod soak;

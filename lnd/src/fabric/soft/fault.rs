@@ -91,6 +91,9 @@ pub struct FaultStats {
     pub delayed: u64,
     /// Frames with a flipped bit.
     pub corrupted: u64,
+    /// Frames lost because the link was down ([`FaultyWire::set_link_down`]; not counted in
+    /// `dropped`).
+    pub link_down: u64,
 }
 
 /// A wire with fault injection in front of it.
@@ -102,6 +105,8 @@ pub struct FaultyWire {
     tx_held: BTreeMap<(Instant, u64), (Ipv4Addr, Vec<u8>)>,
     rx_held: BTreeMap<(Instant, u64), (Received, Vec<u8>)>,
     stats: FaultStats,
+    /// The link is down: every frame is lost, both ways, whatever `config` says.
+    link_down: bool,
 }
 
 impl std::fmt::Debug for FaultyWire {
@@ -129,13 +134,15 @@ impl FaultyWire {
             tx_held: BTreeMap::new(),
             rx_held: BTreeMap::new(),
             stats: FaultStats::default(),
+            link_down: false,
         }
     }
 
     /// Nothing to inject and nothing held: a frame passes unchanged (the common case, which
     /// every frame would otherwise pay the holding queues and the fate draw for).
     fn passes_straight(&self) -> bool {
-        self.config.tx.is_none()
+        !self.link_down
+            && self.config.tx.is_none()
             && self.config.rx.is_none()
             && self.tx_held.is_empty()
             && self.rx_held.is_empty()
@@ -144,6 +151,12 @@ impl FaultyWire {
     /// Changes the fault probabilities (frames already held stay held).
     pub fn set_config(&mut self, config: FaultConfig) {
         self.config = config;
+    }
+
+    /// Takes the link down (every frame sent or received from now on is lost, frames held
+    /// for a delay too) or brings it up again.
+    pub fn set_link_down(&mut self, down: bool) {
+        self.link_down = down;
     }
 
     /// The current configuration.
@@ -157,6 +170,10 @@ impl FaultyWire {
     }
 
     fn fate(&mut self, f: DirFaults) -> Fate {
+        if self.link_down {
+            self.stats.link_down += 1;
+            return Fate::Drop;
+        }
         if f.is_none() {
             return Fate::Deliver { copies: 1, hold: None, corrupt: false };
         }
@@ -212,6 +229,10 @@ impl FaultyWire {
                 break;
             }
             let (dst, bytes) = entry.remove();
+            if self.link_down {
+                self.stats.link_down += 1;
+                continue;
+            }
             self.inner.send(now, dst, &bytes)?;
         }
         Ok(())
@@ -281,7 +302,7 @@ impl Wire for FaultyWire {
 
     fn send_segments(&mut self, now: Instant, dst: Ipv4Addr, frames: &[u8], seg: usize) -> io::Result<()> {
         self.release_tx(now)?;
-        if self.config.tx.is_none() {
+        if self.config.tx.is_none() && !self.link_down {
             return self.inner.send_segments(now, dst, frames, seg);
         }
         for frame in frames.chunks(seg.max(1)) {
@@ -313,6 +334,10 @@ impl Wire for FaultyWire {
             if let Some(entry) = self.rx_held.first_entry() {
                 if entry.key().0 <= now {
                     let (mut meta, bytes) = entry.remove();
+                    if self.link_down {
+                        self.stats.link_down += 1;
+                        continue;
+                    }
                     let n = bytes.len().min(buf.len());
                     if let (Some(d), Some(s)) = (buf.get_mut(..n), bytes.get(..n)) {
                         d.copy_from_slice(s);
@@ -331,7 +356,7 @@ impl Wire for FaultyWire {
                 let _ = buf.get_mut(..meta.len).map(|f| packet::seal(&m, f));
                 meta.sealed = true;
             }
-            if meta.seg > 0 && !self.config.rx.is_none() {
+            if meta.seg > 0 && (self.link_down || !self.config.rx.is_none()) {
                 // Faults apply frame by frame: keep the coalesced followers in arrival order.
                 let seg = meta.seg;
                 let followers: Vec<Vec<u8>> =

@@ -11,7 +11,9 @@
 //! * memory protection (key, PD, access flags and range checked before a byte is written;
 //!   [`mem`]);
 //! * the GSI: 256-byte MADs to and from QP1 as UD SEND ONLY packets with Q_Key 0x80010000;
-//! * `COMM_EST`, `QP_FATAL` and `CQ_ERR` async events;
+//! * `COMM_EST`, `QP_FATAL` and `CQ_ERR` async events, and `PORT_ERR`, `PORT_ACTIVE` and
+//!   `DEVICE_FATAL` when a test takes the link down or fails the device
+//!   ([`SoftDevice::set_port_state`], [`SoftDevice::inject_device_fatal`]);
 //! * device limits: max QPs, WRs per queue, SGEs, CQEs, MRs, and a total work-queue-entry
 //!   budget (the HCA's memory), so QP creation fails with [`FabricError::Resource`] and
 //!   succeeds when retried smaller;
@@ -164,6 +166,10 @@ struct DevState {
     /// The rest of a received batch of frames (UDP GRO) left when a copy started running:
     /// the batch and the offset of its next frame, still in `rx_buf`.
     rx_resume: Option<(Received, usize)>,
+    /// The port's state ([`SoftDevice::set_port_state`]).
+    port_state: PortState,
+    /// The device failed ([`SoftDevice::inject_device_fatal`]): the port stays down.
+    fatal: bool,
 }
 
 struct Shared {
@@ -429,6 +435,8 @@ impl SoftDevice {
             more_rx: false,
             placing_qp: None,
             rx_resume: None,
+            port_state: PortState::Active,
+            fatal: false,
         };
         SoftDevice {
             shared: Arc::new(Shared {
@@ -459,6 +467,45 @@ impl SoftDevice {
     /// What fault injection has done so far.
     pub fn fault_stats(&self) -> FaultStats {
         self.shared.lock().wire.stats()
+    }
+
+    /// Takes the port's link down or brings it back, as pulling and reseating its cable would
+    /// (fault injection for tests and drills). Any state but `Active`: every frame either way
+    /// is lost from now on (the CM's MADs too), QPs keep their state (RC retries run and fail
+    /// when they run out, as on a real link), [`Device::query_port`] reports the state and
+    /// [`AsyncEvent::PortErr`] is raised. `Active`: frames flow again and
+    /// [`AsyncEvent::PortActive`] is raised. A change between two down states, or to the state
+    /// the port is in, raises nothing; a failed device ([`SoftDevice::inject_device_fatal`])
+    /// stays down. Whoever polls the device learns of it on its next call: a sleeping
+    /// scheduler is not woken.
+    pub fn set_port_state(&self, state: PortState) {
+        let mut s = self.shared.lock();
+        if s.fatal {
+            return;
+        }
+        let (was_up, up) = (s.port_state == PortState::Active, state == PortState::Active);
+        s.port_state = state;
+        s.wire.set_link_down(!up);
+        if was_up != up {
+            s.push_event(if up { AsyncEvent::PortActive } else { AsyncEvent::PortErr });
+        }
+    }
+
+    /// Fails the device, as a firmware fault would (`IBV_EVENT_DEVICE_FATAL`): every QP
+    /// moves to ERR (its outstanding work requests complete flushed), the port goes down for
+    /// good and [`AsyncEvent::DeviceFatal`] is raised. Objects can still be destroyed; a new
+    /// QP is created in a device whose link never comes back.
+    pub fn inject_device_fatal(&self) {
+        let mut s = self.shared.lock();
+        if s.fatal {
+            return;
+        }
+        s.fatal = true;
+        s.port_state = PortState::Down;
+        s.wire.set_link_down(true);
+        let all: Vec<u32> = s.qps.keys().copied().collect();
+        s.qps_to_error(&all);
+        s.push_event(AsyncEvent::DeviceFatal);
     }
 
     /// Test hook: the same-host copies of this device (as the responder) fail with `errno`
@@ -551,21 +598,33 @@ impl DevState {
         let victims: Vec<u32> = self
             .qps
             .iter()
-            .filter(|(_, e)| (e.send_cq.id == cq_id || e.recv_cq.id == cq_id) && e.rc.state() != QpState::Err)
+            .filter(|(_, e)| e.send_cq.id == cq_id || e.recv_cq.id == cq_id)
             .map(|(q, _)| *q)
             .collect();
-        for qpn in victims {
-            if let Some(e) = self.qps.get_mut(&qpn) {
-                e.rc.enter_error();
-                let mut lost = Vec::new();
-                e.rc.take_completions(&mut lost);
-                for c in lost {
-                    let cq = if c.cq == CqSel::Send { &e.send_cq } else { &e.recv_cq };
-                    let _ = cq.push(c.wc, c.solicited);
-                }
-            }
+        for qpn in self.qps_to_error(&victims) {
             self.push_event(AsyncEvent::QpFatal { qp_num: qpn });
         }
+    }
+
+    /// Moves the QPs `qpns` that are not in ERR yet to ERR, flushing what they hold to their
+    /// CQs; the ones it moved.
+    fn qps_to_error(&mut self, qpns: &[u32]) -> Vec<u32> {
+        let mut moved = Vec::new();
+        for &qpn in qpns {
+            let Some(e) = self.qps.get_mut(&qpn) else { continue };
+            if e.rc.state() == QpState::Err {
+                continue;
+            }
+            e.rc.enter_error();
+            let mut lost = Vec::new();
+            e.rc.take_completions(&mut lost);
+            for c in lost {
+                let cq = if c.cq == CqSel::Send { &e.send_cq } else { &e.recv_cq };
+                let _ = cq.push(c.wc, c.solicited);
+            }
+            moved.push(qpn);
+        }
+        moved
     }
 
     /// Handles the frame at `rx_buf[at..at + len]`, one of what `r` received; an unsealed
@@ -793,7 +852,8 @@ impl Device for SoftDevice {
     }
 
     fn query_port(&self) -> PortAttr {
-        self.shared.port.clone()
+        let state = self.shared.lock().port_state;
+        PortAttr { state, ..self.shared.port.clone() }
     }
 
     fn resolve(&self, ip: Ipv4Addr) -> Result<PortAddr, FabricError> {

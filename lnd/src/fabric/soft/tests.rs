@@ -1799,3 +1799,81 @@ fn ring_frames_go_unsealed_and_faults_on_either_side_seal_and_check_them() {
         }
     }
 }
+
+/// A link taken down loses every frame both ways, raises `PORT_ERR` once and reports the port
+/// down; a send posted meanwhile completes once the link is back (RC retransmits it).
+#[test]
+fn a_link_down_loses_frames_and_a_send_retransmitted_after_it_returns_completes() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let (a, b) = (node(&net, 1, config(s), 4096), node(&net, 2, config(s ^ 1), 4096));
+    connect(&a, &b, RC);
+    b.qp.post_recv(&[RecvWr { wr_id: 7, sg_list: &[b.buf.sge(0, 64)] }]).unwrap();
+    a.dev.set_port_state(PortState::Down);
+    a.dev.set_port_state(PortState::Init);
+    assert_eq!(a.dev.poll_async_event(), Some(AsyncEvent::PortErr));
+    assert_eq!(a.dev.poll_async_event(), None, "one PORT_ERR for one outage");
+    assert_eq!(a.dev.query_port().state, PortState::Init);
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: &[a.buf.sge(0, 8)],
+        flags: SendFlags::SIGNALED,
+    }])
+    .unwrap();
+    let mut now = Instant::ZERO;
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    // 15 ms of retransmits into a dead link (the QP's retries last about 33 ms: 4 ms ACK
+    // timeout, 7 retries): nothing arrives, nothing completes.
+    let end = now + Duration::from_millis(15);
+    run_until(&[&a.dev, &b.dev], &mut now, 100_000, |t| {
+        poll_all(&a.cq, &mut wa);
+        poll_all(&b.cq, &mut wb);
+        t >= end
+    });
+    assert!(wa.is_empty() && wb.is_empty(), "seed {s}: {wa:?} {wb:?}");
+    let lost = a.dev.fault_stats().link_down;
+    assert!(lost >= 2, "seed {s}: the send and a retransmit were lost ({lost})");
+    assert_eq!(a.dev.fault_stats().dropped, 0, "link losses are not fault drops");
+
+    a.dev.set_port_state(PortState::Active);
+    assert_eq!(a.dev.poll_async_event(), Some(AsyncEvent::PortActive));
+    assert_eq!(a.dev.query_port().state, PortState::Active);
+    assert!(run_until(&[&a.dev, &b.dev], &mut now, 100_000, |_| {
+        poll_all(&a.cq, &mut wa);
+        poll_all(&b.cq, &mut wb);
+        !wa.is_empty() && !wb.is_empty()
+    }));
+    assert_eq!((wa.len(), wa[0].status), (1, WcStatus::Success), "seed {s}");
+    assert_eq!((wb.len(), wb[0].wr_id, wb[0].status), (1, 7, WcStatus::Success), "seed {s}");
+    assert_eq!(a.dev.fault_stats().link_down, lost, "nothing lost once the link is back");
+}
+
+/// A failed device flushes every QP's work, raises `DEVICE_FATAL`, and its port stays down.
+#[test]
+fn a_device_fatal_error_flushes_every_qp_and_keeps_the_port_down() {
+    let s = seed();
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let (a, b) = (node(&net, 1, config(s), 4096), node(&net, 2, config(s ^ 1), 4096));
+    connect(&a, &b, RC);
+    a.qp.post_recv(&[RecvWr { wr_id: 9, sg_list: &[a.buf.sge(0, 64)] }]).unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: &[a.buf.sge(64, 8)],
+        flags: SendFlags::SIGNALED,
+    }])
+    .unwrap();
+    a.dev.inject_device_fatal();
+    assert_eq!(a.dev.poll_async_event(), Some(AsyncEvent::DeviceFatal));
+    assert_eq!(a.dev.poll_async_event(), None, "no QP_FATAL per QP");
+    assert_eq!(a.qp.state(), QpState::Err);
+    let mut wa = Vec::new();
+    poll_all(&a.cq, &mut wa);
+    let mut got: Vec<(u64, WcStatus)> = wa.iter().map(|w| (w.wr_id, w.status)).collect();
+    got.sort_by_key(|g| g.0);
+    assert_eq!(got, vec![(1, WcStatus::WrFlushErr), (9, WcStatus::WrFlushErr)], "seed {s}");
+    a.dev.set_port_state(PortState::Active);
+    assert_eq!(a.dev.query_port().state, PortState::Down, "a failed device stays down");
+    assert_eq!(a.dev.poll_async_event(), None);
+}

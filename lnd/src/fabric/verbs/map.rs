@@ -528,8 +528,7 @@ pub fn event_element(t: sys::ibv_event_type) -> EventElement {
 
 /// Maps an async event to what the LND handles; `None` for events it ignores (they are still
 /// acknowledged). QP request/access errors are reported as `QpFatal` (the QP is in ERR either
-/// way); `DEVICE_FATAL` as `PortErr` (every connection must go); port events of other ports
-/// are dropped.
+/// way); port events of other ports are dropped.
 pub fn async_event(ev: RawEvent, our_port: u8) -> Option<AsyncEvent> {
     match ev {
         RawEvent::Qp(t, qp_num) => match t {
@@ -545,7 +544,7 @@ pub fn async_event(ev: RawEvent, our_port: u8) -> Option<AsyncEvent> {
             sys::IBV_EVENT_PORT_ERR => Some(AsyncEvent::PortErr),
             _ => None,
         },
-        RawEvent::Device(sys::IBV_EVENT_DEVICE_FATAL) => Some(AsyncEvent::PortErr),
+        RawEvent::Device(sys::IBV_EVENT_DEVICE_FATAL) => Some(AsyncEvent::DeviceFatal),
         _ => None,
     }
 }
@@ -910,7 +909,10 @@ mod tests {
         assert_eq!(async_event(RawEvent::Port(sys::IBV_EVENT_LID_CHANGE, 1), 1), None);
         assert!(event_refreshes_port(RawEvent::Port(sys::IBV_EVENT_LID_CHANGE, 1), 1));
         assert!(!event_refreshes_port(RawEvent::Port(sys::IBV_EVENT_LID_CHANGE, 2), 1));
-        assert_eq!(async_event(RawEvent::Device(sys::IBV_EVENT_DEVICE_FATAL), 1), Some(AsyncEvent::PortErr));
+        assert_eq!(
+            async_event(RawEvent::Device(sys::IBV_EVENT_DEVICE_FATAL), 1),
+            Some(AsyncEvent::DeviceFatal)
+        );
         assert_eq!(async_event(RawEvent::Other(sys::IBV_EVENT_SRQ_ERR), 1), None);
         assert_eq!(event_element(sys::IBV_EVENT_COMM_EST), EventElement::Qp);
         assert_eq!(event_element(sys::IBV_EVENT_CQ_ERR), EventElement::Cq);
