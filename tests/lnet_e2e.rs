@@ -290,6 +290,10 @@ fn a_port_that_goes_down_fails_puts_at_once_and_one_that_returns_carries_them_ag
 
     assert!(a.driver.set_soft_port_state(lnd::fabric::PortState::Down), "the software fabric");
     until_engine(&a, "PORT_ERR", |e| e.port_errors == 1);
+    assert_eq!(a.driver.link(), lnd::engine::LinkState::Down);
+    let st = a.lnet.stats();
+    assert!(st.ni(a.nid).unwrap().fatal_error, "LNet shows the NI's fatal error: {st}");
+    assert!(st.to_string().contains("fatal error"), "{st}");
     put(2);
     let (send, ack) = (next(&q), next(&q));
     assert_eq!((send.kind, send.status), (EventKind::Send, Err(Errno::ENETDOWN)));
@@ -298,12 +302,36 @@ fn a_port_that_goes_down_fails_puts_at_once_and_one_that_returns_carries_them_ag
     assert!(a.driver.set_soft_port_state(lnd::fabric::PortState::Active));
     post(&b, 3, sink.clone(), MdOptions::OP_PUT, &qb);
     until_engine(&a, "PORT_ACTIVE", |e| e.port_recoveries == 1);
+    assert!(!a.lnet.stats().ni(a.nid).unwrap().fatal_error);
     put(3);
     let (send, ack) = (next(&q), next(&q));
     assert_eq!((send.status, ack.status), (Ok(()), Ok(())));
     assert!(sink.to_vec(0, 1000).unwrap() == pattern(3, 1000));
     let e = a.driver.stats().unwrap().engine;
     assert_eq!((e.conns_established, e.sends_refused_link), (conns, 1), "{e:?}");
+}
+
+/// The device fails under a running interface (`DEVICE_FATAL`): the connection closes, LNet's
+/// next PUT fails at once with `-ENODEV`, and the NI shows its fatal error from then on.
+#[test]
+fn a_failed_device_fails_every_put_from_then_on() {
+    let port = unique_port(0);
+    let (a, b) = (Node::start("127.0.0.9", port), Node::start("127.0.0.10", port));
+    let (q, qb) = (EventQueue::new(32), EventQueue::new(8));
+    post(&b, 1, Arc::new(Buffer::new(1000)), MdOptions::OP_PUT, &qb);
+    a.lnet.put(bind(&a, buf(&pattern(1, 1000)), 2, &q), AckReq::Ack, b.pid(), PORTAL, 1, 0, 0).unwrap();
+    assert_eq!((next(&q).status, next(&q).status), (Ok(()), Ok(())));
+
+    assert!(a.driver.inject_soft_device_fatal(), "the software fabric");
+    until_engine(&a, "DEVICE_FATAL", |e| e.device_fatal == 1);
+    assert_eq!(a.driver.link(), lnd::engine::LinkState::Fatal);
+    assert!(a.lnet.stats().ni(a.nid).unwrap().fatal_error);
+    a.lnet.put(bind(&a, buf(&pattern(2, 1000)), 2, &q), AckReq::Ack, b.pid(), PORTAL, 2, 0, 0).unwrap();
+    let (send, ack) = (next(&q), next(&q));
+    assert_eq!((send.kind, send.status), (EventKind::Send, Err(Errno::ENODEV)));
+    assert_eq!((ack.kind, ack.status), (EventKind::Ack, Err(Errno::ENODEV)));
+    let e = a.driver.stats().unwrap();
+    assert_eq!(e.connections, 0, "the connection closed: {e:?}");
 }
 
 struct Expect {

@@ -200,6 +200,14 @@ pub trait Lnd: Send + Sync {
     /// Closes every connection to `peer` (`lnd_ctl` CLOSE_CONNECTION); pending sends fail.
     fn close_peer(&self, peer: Nid);
 
+    /// Whether the interface cannot send at all for now: its port is down or its device
+    /// failed (LNet's `ni_fatal_error_on`, which o2iblnd sets on `IB_EVENT_PORT_ERR` and
+    /// `IB_EVENT_DEVICE_FATAL` and clears on `IB_EVENT_PORT_ACTIVE`). Reported in
+    /// [`crate::lnet::NiStats::fatal_error`]. An LND with no such notion keeps the default.
+    fn fatal_error(&self) -> bool {
+        false
+    }
+
     /// Stops the driver: every pending send and receive completes with an error, connections
     /// are closed. Idempotent.
     fn shutdown(&self);

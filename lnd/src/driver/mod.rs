@@ -38,7 +38,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -53,7 +53,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::clock::{Clock, wall_clock_micros};
-use crate::engine::{Engine, EngineConfig, EngineError, EngineStats, FdChange, validate_send};
+use crate::engine::{Engine, EngineConfig, EngineError, EngineStats, FdChange, LinkState, validate_send};
 use crate::fabric::soft::{LiveCounts, SoftConfig, SoftDevice};
 use crate::fabric::{Device, FabricError, FabricStats};
 use crate::time::Instant;
@@ -180,7 +180,27 @@ struct Shared {
     /// what a query made on the scheduler's own thread (from an event callback) gets, since
     /// that thread cannot answer a queued one while it waits for it.
     peers_seen: Mutex<Vec<PeerInfo>>,
+    /// The engine's [`LinkState`] as of its last poll ([`link_code`]), for
+    /// [`Driver::link`] without asking the scheduler.
+    link: AtomicU8,
     upcalls: Arc<dyn LndUpcalls>,
+}
+
+/// A [`LinkState`] as stored in [`Shared::link`], ordered from best to worst.
+fn link_code(l: LinkState) -> u8 {
+    match l {
+        LinkState::Active => 0,
+        LinkState::Down => 1,
+        LinkState::Fatal => 2,
+    }
+}
+
+fn link_of_code(c: u8) -> LinkState {
+    match c {
+        0 => LinkState::Active,
+        1 => LinkState::Down,
+        _ => LinkState::Fatal,
+    }
 }
 
 impl Shared {
@@ -356,6 +376,7 @@ impl Driver {
                 sleeping: AtomicBool::new(false),
                 exited: AtomicBool::new(false),
                 peers_seen: Mutex::new(Vec::new()),
+                link: AtomicU8::new(link_code(engine.link())),
             });
             let s2 = shared.clone();
             let name = if n == 1 {
@@ -404,6 +425,13 @@ impl Driver {
         dev.inject_device_fatal();
         self.wake_schedulers();
         true
+    }
+
+    /// The port's link as the schedulers last saw it (the worst of them: they share the
+    /// device, and each learns of a port event on its next poll).
+    pub fn link(&self) -> LinkState {
+        let worst = self.schedulers.iter().map(|s| s.shared.link.load(Ordering::Acquire)).max().unwrap_or(0);
+        link_of_code(worst)
     }
 
     fn wake_schedulers(&self) {
@@ -492,6 +520,10 @@ impl Lnd for Driver {
         // SNAPSHOT_INTERVAL ago.
         let own = |s: &Shared| Some(s.peers_seen.lock().unwrap_or_else(PoisonError::into_inner).clone());
         self.ask_all(Cmd::Peers, own).into_iter().flatten().flatten().collect()
+    }
+
+    fn fatal_error(&self) -> bool {
+        self.link() != LinkState::Active
     }
 
     fn close_peer(&self, peer: Nid) {
@@ -598,6 +630,10 @@ impl<D: Device> Scheduler<D> {
             // transmit, so a send queued by an upcall this turn leaves in it (a reply made by
             // a receive's upcall has left already: `Engine::set_early_sends`).
             let turn = self.engine.poll_completions(now);
+            let link = link_code(self.engine.link());
+            if self.shared.link.load(Ordering::Relaxed) != link {
+                self.shared.link.store(link, Ordering::Release);
+            }
             self.take_commands(now, &mut shutdown_deadline);
             let worked = self.engine.poll_finish(now, turn);
             if worked {

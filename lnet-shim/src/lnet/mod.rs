@@ -620,6 +620,7 @@ impl Lnet {
         for (ni, lnd) in stats.nis.iter_mut().zip(lnds) {
             if let Some(lnd) = lnd {
                 if ni.status == NiStatus::Up {
+                    ni.fatal_error = lnd.fatal_error();
                     ni.merge_lnd_peers(lnd.peers());
                 }
             }

@@ -104,6 +104,9 @@ pub struct NiStats {
     pub nid: Nid,
     /// Its state.
     pub status: NiStatus,
+    /// The LND reports that the interface cannot send for now (port down, device failed:
+    /// [`crate::lnd::Lnd::fatal_error`], LNet's `ni_fatal_error_on`). Its sends fail at once.
+    pub fatal_error: bool,
     /// LNet's NI credits.
     pub credits_max: u32,
     /// Credits not in use.
@@ -197,6 +200,7 @@ fn ni_stats(ni: &Ni) -> NiStats {
     NiStats {
         nid: ni.nid,
         status: ni.status,
+        fatal_error: false,
         credits_max: ni.credits_max,
         credits_available: ni.available,
         credits_min: ni.min,
@@ -279,9 +283,10 @@ impl fmt::Display for NiStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "ni {} {:?}: credits {}/{} (min {}), queued {}, peer credits {}",
+            "ni {} {:?}{}: credits {}/{} (min {}), queued {}, peer credits {}",
             self.nid,
             self.status,
+            if self.fatal_error { " (fatal error: port down or device failed)" } else { "" },
             self.credits_available,
             self.credits_max,
             self.credits_min,
