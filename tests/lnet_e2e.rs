@@ -311,6 +311,40 @@ fn a_port_that_goes_down_fails_puts_at_once_and_one_that_returns_carries_them_ag
     assert_eq!((e.conns_established, e.sends_refused_link), (conns, 1), "{e:?}");
 }
 
+/// With two schedulers sharing the device, both hear the port go down and come back (the
+/// device's async events go to every shard), so a send refused by one is refused by all.
+#[test]
+fn every_scheduler_hears_the_port_go_down_and_come_back() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        println!("skipped: nscheds is capped at the CPUs, and this machine has one");
+        return;
+    }
+    let a = Node::start_with("127.0.0.11", unique_port(0), 2);
+    let per_shard = |a: &Node| -> Vec<(u64, u64)> {
+        let stats = a.driver.scheduler_stats();
+        stats.iter().map(|s| s.map_or((0, 0), |s| (s.engine.port_errors, s.engine.port_recoveries))).collect()
+    };
+    assert!(a.driver.set_soft_port_state(lnd::fabric::PortState::Down));
+    let mut seen = Vec::new();
+    for _ in 0..1000 {
+        seen = per_shard(&a);
+        if seen == [(1, 0), (1, 0)] {
+            break;
+        }
+    }
+    assert_eq!(seen, [(1, 0), (1, 0)], "PORT_ERR per scheduler");
+    assert_eq!(a.driver.link(), lnd::engine::LinkState::Down);
+    assert!(a.driver.set_soft_port_state(lnd::fabric::PortState::Active));
+    for _ in 0..1000 {
+        seen = per_shard(&a);
+        if seen == [(1, 1), (1, 1)] {
+            break;
+        }
+    }
+    assert_eq!(seen, [(1, 1), (1, 1)], "PORT_ACTIVE per scheduler");
+    assert_eq!(a.driver.link(), lnd::engine::LinkState::Active);
+}
+
 /// The device fails under a running interface (`DEVICE_FATAL`): the connection closes, LNet's
 /// next PUT fails at once with `-ENODEV`, and the NI shows its fatal error from then on.
 #[test]
