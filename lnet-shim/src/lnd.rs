@@ -126,12 +126,13 @@ pub trait LndUpcalls: Send + Sync {
     /// makes the three steps of that protocol: [`LndUpcalls::recv`], the copy of the first
     /// `mlength` payload bytes into the sink, [`LndUpcalls::recv_done`] (`Ok(0)` for a GET,
     /// which needs no sink: LNet answers it with a REPLY; `EINVAL` if the sink cannot hold
-    /// the bytes). LNet does them in one pass.
+    /// the bytes; `EPROTO` if `payload` is shorter than the header's `payload_length`). LNet
+    /// does them in one pass.
     fn recv_immediate(&self, from: Nid, hdr: &LnetHdr, payload: &[u8]) {
         match self.recv(from, hdr, false) {
             RecvDisposition::Drop => {}
             RecvDisposition::Sink { frags, mlength, token } => {
-                self.recv_done(token, deliver_immediate(&frags, mlength, payload));
+                self.recv_done(token, deliver_immediate(&frags, mlength, hdr.payload_length, payload));
             }
             RecvDisposition::Source { token, .. } => self.recv_done(token, Ok(0)),
         }
@@ -143,7 +144,20 @@ pub trait LndUpcalls: Send + Sync {
 
 /// An IMMEDIATE message's payload into the sink LNet gave for it: its first `mlength` bytes
 /// (what [`LndUpcalls::recv_immediate`] reports through `recv_done`).
-pub fn deliver_immediate(frags: &[Frag], mlength: usize, payload: &[u8]) -> Result<usize, LndError> {
+///
+/// A payload shorter than the `payload_length` its LNet header announces is `-EPROTO` and
+/// nothing is written, as o2iblnd's `kiblnd_recv` refuses it ("Immediate message too big"):
+/// LNet's event reports the matched length, so accepting part of it would report bytes that
+/// never arrived. Bytes past `payload_length` are ignored.
+pub fn deliver_immediate(
+    frags: &[Frag],
+    mlength: usize,
+    payload_length: u32,
+    payload: &[u8],
+) -> Result<usize, LndError> {
+    if (payload.len() as u64) < u64::from(payload_length) {
+        return Err(LndError::new(Errno::EPROTO, Health::RemoteError));
+    }
     let data = payload.get(..mlength.min(payload.len())).unwrap_or_default();
     copy_to_frags(frags, data).ok_or(LndError::new(Errno::EINVAL, Health::LocalError))
 }
@@ -240,11 +254,20 @@ mod tests {
     }
 
     fn run(answer: RecvDisposition, payload: &[u8]) -> Vec<(u64, Result<usize, LndError>)> {
+        run_announcing(answer, payload.len() as u32, payload)
+    }
+
+    /// As [`run`], with a header announcing `payload_length` bytes.
+    fn run_announcing(
+        answer: RecvDisposition,
+        payload_length: u32,
+        payload: &[u8],
+    ) -> Vec<(u64, Result<usize, LndError>)> {
         let nid: Nid = "10.0.0.1@o2ib".parse().unwrap();
         let hdr = LnetHdr {
             dest: ProcessId::new(nid, ProcessId::PID_LUSTRE),
             src: ProcessId::new(nid, ProcessId::PID_LUSTRE),
-            payload_length: payload.len() as u32,
+            payload_length,
             msg: LnetMsg::Put(PutMsg {
                 ack_wmd: WireHandle::NONE,
                 match_bits: 0,
@@ -279,5 +302,21 @@ mod tests {
         // A GET's source (LNet replies itself), and a drop (no recv_done at all).
         assert_eq!(run(RecvDisposition::Source { frags, token: 9 }, b""), [(9, Ok(0))]);
         assert_eq!(run(RecvDisposition::Drop, b"x"), []);
+    }
+
+    /// A payload shorter than its header announces fails the receive with `-EPROTO` and writes
+    /// nothing (o2iblnd's `kiblnd_recv`: "Immediate message too big"), even when the sink
+    /// would take only what did arrive; a longer one is fine (the rest is not looked at).
+    #[test]
+    fn the_default_recv_immediate_refuses_a_payload_shorter_than_announced() {
+        let sink = Arc::new(Buffer::new(8));
+        let frags = Frags::from(Frag::whole(sink.clone()));
+        let eproto = Err(LndError::new(Errno::EPROTO, Health::RemoteError));
+        let short = RecvDisposition::Sink { frags: frags.clone(), mlength: 3, token: 1 };
+        assert_eq!(run_announcing(short, 6, b"hello"), [(1, eproto)]);
+        assert_eq!(sink.to_vec(0, 8).unwrap(), [0; 8]);
+        let long = RecvDisposition::Sink { frags, mlength: 3, token: 2 };
+        assert_eq!(run_announcing(long, 4, b"hello"), [(2, Ok(3))]);
+        assert_eq!(sink.to_vec(0, 4).unwrap(), b"hel\0");
     }
 }

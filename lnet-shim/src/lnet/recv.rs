@@ -55,7 +55,8 @@ impl LndUpcalls for NiUpcalls {
             inner.run(|st, work| match st.parse(self.ni, from, hdr, false, work) {
                 Parsed::Drop => {}
                 Parsed::Sink { frags, mlength, msg } => {
-                    st.finish_recv(msg, deliver_immediate(&frags, mlength, payload), work);
+                    let delivered = deliver_immediate(&frags, mlength, hdr.payload_length, payload);
+                    st.finish_recv(msg, delivered, work);
                 }
                 Parsed::Source { msg, .. } => st.finish_recv(msg, Ok(0), work),
             });
@@ -381,6 +382,11 @@ impl State {
             MsgKind::RecvGet { md, template, reply } => match (reply, status) {
                 (Some(reply), Ok(())) if self.phase == Phase::Running => {
                     self.send_reply(ni, md, template, *reply, work)
+                }
+                // Shutting down: the REPLY is not sent, so the GET was not served (the kernel's
+                // `lnet_send` is `-ESHUTDOWN` then, and `lnet_parse_get` ends the GET with it).
+                (Some(_), Ok(())) => {
+                    self.md_event(md, EventKind::Get, &template, Err(Errno::ESHUTDOWN), true, work)
                 }
                 _ => self.md_event(md, EventKind::Get, &template, status, true, work),
             },

@@ -993,3 +993,151 @@ fn credits_come_back_once_after_failed_sends() {
     let p = ni.peer(ghost.nid).unwrap();
     assert_eq!((p.credits_available, p.queued, p.credits_min), (1, 0, -4));
 }
+
+/// An IMMEDIATE message whose payload is shorter than its header's `payload_length` (a broken
+/// or hostile peer) fails with `-EPROTO`, as o2iblnd's `kiblnd_recv` fails it ("Immediate
+/// message too big") and `lnet_ni_recv` finalises it: the PUT (or REPLY) event must not report
+/// bytes that never arrived. Before, the PUT event said `Ok` with the header's 50 bytes while
+/// 10 had been written (the other 40 kept whatever the buffer held), and the REPLY said `Ok`
+/// with 10.
+#[test]
+fn an_immediate_payload_shorter_than_its_header_is_a_protocol_error() {
+    let nid: Nid = "10.0.24.1@o2ib".parse().unwrap();
+    let peer = ProcessId::new("10.0.24.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+    let me = ProcessId::new(nid, ProcessId::PID_LUSTRE);
+    let lnet = Lnet::new(LnetConfig::default());
+    let sent = Arc::new(std::sync::Mutex::new(Vec::<LndSend>::new()));
+    let kept = sent.clone();
+    let lnd = Arc::new(FnLnd { nid, on_send: move |msg| kept.lock().unwrap().push(msg) });
+    let mut up = None;
+    lnet.add_ni(nid, 8, 8, |u| {
+        up = Some(u);
+        Ok::<_, std::io::Error>(lnd as Arc<dyn Lnd>)
+    })
+    .unwrap();
+    let up = up.unwrap();
+    let put = |len: u32| LnetHdr {
+        dest: me,
+        src: peer,
+        payload_length: len,
+        msg: LnetMsg::Put(crate::hdr::PutMsg {
+            ack_wmd: crate::hdr::WireHandle::NONE,
+            match_bits: 1,
+            hdr_data: 0,
+            ptl_index: PORTAL,
+            offset: 0,
+        }),
+    };
+    // Target side: a PUT announcing 50 bytes that carries 10.
+    let qb = EventQueue::new(8);
+    let sink = Arc::new(Buffer::from_slice(&[0xee; 100]));
+    let md = Md::contiguous(sink.clone()).with_options(MdOptions::OP_PUT).with_events(qb.clone());
+    lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, 1), md, Unlink::Retain).unwrap();
+    up.recv_immediate(peer.nid, &put(50), &[7; 10]);
+    let e = next(&qb);
+    assert_eq!((e.kind, e.status), (EventKind::Put, Err(Errno::EPROTO)));
+    // The failed PUT wrote nothing (its match still used its 50 bytes of the MD, as LNet
+    // commits offset and threshold at match). A whole payload (one longer than the header
+    // says is fine: the rest is ignored) still works.
+    up.recv_immediate(peer.nid, &put(50), &[8; 60]);
+    let e = next(&qb);
+    assert_eq!((e.kind, e.status, e.mlength, e.offset), (EventKind::Put, Ok(()), 50, 50));
+    assert_eq!(sink.to_vec(0, 100).unwrap(), [[0xee; 50], [8; 50]].concat());
+
+    // Initiator side: a header-only GET answered by a REPLY announcing 50 bytes with 10.
+    let qa = EventQueue::new(8);
+    let h = lnet
+        .md_bind(Md::contiguous(Arc::new(Buffer::new(100))).with_events(qa.clone()), Unlink::Retain)
+        .unwrap();
+    lnet.get(h, peer, PORTAL, 2, 0).unwrap();
+    let get = sent.lock().unwrap().pop().expect("the GET was handed to the LND");
+    let LnetMsg::Get(g) = get.hdr.msg else { panic!("a GET") };
+    up.send_done(get.token, Ok(SendStatus { reply_len: None }));
+    let reply = LnetHdr {
+        dest: me,
+        src: peer,
+        payload_length: 50,
+        msg: LnetMsg::Reply(crate::hdr::ReplyMsg { dst_wmd: g.return_wmd }),
+    };
+    up.recv_immediate(peer.nid, &reply, &[9; 10]);
+    let (send, reply) = (next(&qa), next(&qa));
+    assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())));
+    assert_eq!((reply.kind, reply.status), (EventKind::Reply, Err(Errno::EPROTO)));
+    let s = lnet.stats();
+    assert_eq!((s.nis[0].counters.recv_errors, s.nis[0].counters.recv_bytes), (2, 50));
+}
+
+/// An LND that keeps its sends and runs `on_shutdown` when shut down (an LND finishing a
+/// receive while LNet shuts it down).
+struct ShutdownHookLnd {
+    nid: Nid,
+    on_shutdown: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Lnd for ShutdownHookLnd {
+    fn nid(&self) -> Nid {
+        self.nid
+    }
+
+    fn send(&self, _msg: LndSend) -> Result<(), crate::lnd::LndError> {
+        Ok(())
+    }
+
+    fn peers(&self) -> Vec<crate::lnd::PeerInfo> {
+        Vec::new()
+    }
+
+    fn close_peer(&self, _peer: Nid) {}
+
+    fn shutdown(&self) {
+        let hook = self.on_shutdown.lock().unwrap().take();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+}
+
+/// A header-only GET whose receive the LND finishes (successfully) while LNet shuts down: LNet
+/// no longer sends the REPLY, so the GET event carries `-ESHUTDOWN`, as in the kernel
+/// (`lnet_parse_get`: `lnet_send` fails with `-ESHUTDOWN` once LNet is not running, and the
+/// GET is finalised with that). Before, the GET event said `Ok`: the server counted a GET as
+/// served whose REPLY never left.
+#[test]
+fn a_get_whose_reply_cannot_be_sent_at_shutdown_ends_with_eshutdown() {
+    let nid: Nid = "10.0.25.1@o2ib".parse().unwrap();
+    let peer = ProcessId::new("10.0.25.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+    let lnet = Lnet::new(LnetConfig::default());
+    let lnd = Arc::new(ShutdownHookLnd { nid, on_shutdown: std::sync::Mutex::new(None) });
+    let mut up = None;
+    let started = lnd.clone();
+    lnet.add_ni(nid, 8, 8, |u| {
+        up = Some(u);
+        Ok::<_, std::io::Error>(started as Arc<dyn Lnd>)
+    })
+    .unwrap();
+    let up = up.unwrap();
+    let q = EventQueue::new(8);
+    let md = Md::contiguous(buf(&[3; 64])).with_options(MdOptions::OP_GET).with_events(q.clone());
+    lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, 1), md, Unlink::Retain).unwrap();
+    let get = LnetHdr {
+        dest: ProcessId::new(nid, ProcessId::PID_LUSTRE),
+        src: peer,
+        payload_length: 0,
+        msg: LnetMsg::Get(crate::hdr::GetMsg {
+            return_wmd: crate::hdr::WireHandle::new(1, 2),
+            match_bits: 1,
+            ptl_index: PORTAL,
+            src_offset: 0,
+            sink_length: 64,
+        }),
+    };
+    let crate::lnd::RecvDisposition::Source { token, .. } = up.recv(peer.nid, &get, false) else {
+        panic!("the GET matched");
+    };
+    let finisher = up.clone();
+    *lnd.on_shutdown.lock().unwrap() = Some(Box::new(move || finisher.recv_done(token, Ok(0))));
+    lnet.shutdown();
+    let e = next(&q);
+    assert_eq!((e.kind, e.status), (EventKind::Get, Err(Errno::ESHUTDOWN)));
+    no_more(&q);
+}
