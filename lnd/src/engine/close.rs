@@ -75,14 +75,20 @@ impl<D: Device> Engine<D> {
         was_connecting.then_some(peer)
     }
 
-    /// A peer with no connection and no attempt left fails the transmits waiting for it.
+    /// A peer with no connection, no attempt left and no reconnect due fails the transmits
+    /// waiting for it (`kiblnd_peer_connect_failed`); its next attempt is a fresh start, not a
+    /// paced reconnect.
     pub(super) fn fail_pending_if_unreachable(&mut self, _now: Instant, peer: Nid, error: LndError) {
         let live = self.peers.get(&peer).is_some_and(|p| {
             p.connecting > 0
                 || p.accepting > 0
+                || p.reconnect_at.is_some()
                 || super::conn::established(&self.conns, &p.conns).next().is_some()
         });
         if !live {
+            if let Some(p) = self.peers.get_mut(&peer) {
+                p.reconnects = 0;
+            }
             self.fail_pending(peer, error);
         }
     }

@@ -135,7 +135,7 @@ impl<D: Device> Engine<D> {
         if p.connecting > 0 || p.accepting > 0 {
             return;
         }
-        p.note_attempt(now);
+        p.reconnect_at = None;
         let (q, frags, stamp) = (p.queue_depth.min(q0), p.max_frags.min(self.cfg.max_frags), p.incarnation);
         let established = established(&self.conns, &p.conns).count();
         let addr = match self.dev.resolve(nid.addr()) {
@@ -495,6 +495,7 @@ impl<D: Device> Engine<D> {
                 p.accepting = p.accepting.saturating_sub(1);
             }
             p.reconnects = 0;
+            p.reconnect_at = None;
             p.races = 0;
             p.last_error = None;
             p.incarnation = stamp;
@@ -537,11 +538,11 @@ impl<D: Device> Engine<D> {
         let mut e = err(Errno::ECONNREFUSED, Health::RemoteDropped);
         match reason {
             RejReason::InvalidServiceId => {
-                // No listener: host unreachable, and no retry (LU-14536).
+                // No listener: host unreachable, and no retry (LU-14536). What waits fails now;
+                // the next send tries again (o2iblnd hands LNet the error, and LNet's health
+                // decides when to send again: holding sends back here made them wait, and a
+                // listener that came up meanwhile unreachable, for the connect timeout).
                 e = err(Errno::EHOSTUNREACH, Health::NetworkTimeout);
-                if let Some(p) = self.peers.get_mut(&peer) {
-                    p.next_attempt = now + self.cfg.tunables.connect_timeout();
-                }
             }
             RejReason::StaleConn => retry = true,
             RejReason::ConsumerDefined => match (why, rej) {
@@ -577,8 +578,27 @@ impl<D: Device> Engine<D> {
         let wanted = self.peers.get(&peer).is_some_and(|p| !p.pending.is_empty() && p.accepting == 0);
         self.close_conn_only(now, key, e);
         if retry && wanted {
-            self.connect_peer(now, peer);
+            self.reconnect_after_reject(now, peer);
         }
         self.fail_pending_if_unreachable(now, peer, e);
+    }
+
+    /// Retries a rejected attempt (`kiblnd_check_reconnect` marks the connection, connd
+    /// reconnects when it destroys it): at once for the first [`QUICK_RECONNECTS`] since the
+    /// peer was last connected, then a second apart; the transmits waiting for the peer wait
+    /// for the reconnect (until their deadlines). Another attempt still under way settles it.
+    ///
+    /// [`QUICK_RECONNECTS`]: super::peer::QUICK_RECONNECTS
+    fn reconnect_after_reject(&mut self, now: Instant, nid: Nid) {
+        let Some(p) = self.peers.get_mut(&nid) else { return };
+        if p.connecting > 0 || p.accepting > 0 {
+            return;
+        }
+        let at = p.schedule_reconnect(now);
+        if at <= now {
+            self.connect_peer(now, nid);
+        } else {
+            self.reconnect_check = Instant::min_deadline(self.reconnect_check, Some(at));
+        }
     }
 }

@@ -293,6 +293,9 @@ pub struct Engine<D: Device> {
     /// nothing raises it but [`Engine::expire`], which looks at every transmit once it passes
     /// (about once per `timeout` while traffic flows: transmits finish long before theirs).
     tx_check: Option<Instant>,
+    /// No reconnect after a reject is due earlier (`None`: none is); [`Engine::reconnect_due`]
+    /// recomputes it.
+    reconnect_check: Option<Instant>,
     waiting: VecDeque<Waiting>,
     cq_ready: VecDeque<usize>,
     poll_all_cqs: bool,
@@ -391,6 +394,7 @@ impl<D: Device> Engine<D> {
             cookies: FastMap::default(),
             next_cookie,
             tx_check: None,
+            reconnect_check: None,
             waiting: VecDeque::new(),
             cq_ready: VecDeque::new(),
             poll_all_cqs: false,
@@ -540,6 +544,9 @@ impl<D: Device> Engine<D> {
     /// the whole turn.
     pub fn poll_finish(&mut self, now: Instant, turn: PollTurn) -> bool {
         self.expire(now);
+        if self.reconnect_check.is_some_and(|t| t <= now) {
+            self.reconnect_due(now);
+        }
         if now >= self.next_scan {
             self.next_scan = now + SCAN_INTERVAL;
             self.scan(now);
@@ -624,6 +631,7 @@ impl<D: Device> Engine<D> {
         }
         let mut t = Instant::min_deadline(self.dev.next_deadline(), self.cm.poll_timeout());
         t = Instant::min_deadline(t, self.tx_check);
+        t = Instant::min_deadline(t, self.reconnect_check);
         if !self.conns.is_empty() || !self.waiting.is_empty() {
             t = Instant::min_deadline(t, Some(self.next_scan));
         }

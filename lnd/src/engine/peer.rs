@@ -2,8 +2,9 @@
 //!
 //! A peer holds its connections, the transmits waiting for one, the parameters negotiated last
 //! time (queue depth and fragments, which only ever shrink, LU-3322), the peer's incarnation
-//! (a changed stamp means it restarted), the connection-race count, and reconnect pacing: ten
-//! quick reconnects, then at most one attempt per second (LU-5718, LU-7569).
+//! (a changed stamp means it restarted), the connection-race count, and the pacing of reconnects
+//! after rejects: ten at once, then at most one a second (o2iblnd's `KIB_RECONN_HIGH_RACE` and
+//! `kib_reconn_wait`, LU-5718, LU-7569).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -13,9 +14,9 @@ use lnet_shim::nid::Nid;
 
 use crate::time::Instant;
 
-/// Quick reconnects before pacing starts.
+/// Reconnects after rejects that go at once before pacing starts (`KIB_RECONN_HIGH_RACE`).
 pub(crate) const QUICK_RECONNECTS: u32 = 10;
-/// Spacing of reconnect attempts once paced.
+/// Spacing of reconnects once paced (o2iblnd: the next second of the clock, `kib_reconn_wait`).
 pub(crate) const RECONNECT_INTERVAL: Duration = Duration::from_secs(1);
 /// Connection races tolerated before the lower NID is allowed to win (LU-7646).
 pub(crate) const MAX_CONN_RACES: u32 = 20;
@@ -47,10 +48,12 @@ pub(crate) struct Peer {
     /// RDMA fragments to ask for (reduced by RDMA_FRAGS rejects).
     pub(crate) max_frags: u16,
     pub(crate) races: u32,
-    /// Consecutive reconnects without an established connection.
+    /// Reconnects after rejects since a connection was last established or the last attempt
+    /// failed for good (`ibp_reconnected`).
     pub(crate) reconnects: u32,
-    /// No new attempt before this time.
-    pub(crate) next_attempt: Instant,
+    /// A reconnect after a reject is due at this time (`ibp_reconnecting`): the transmits
+    /// waiting for the peer wait for it.
+    pub(crate) reconnect_at: Option<Instant>,
     /// Why the last attempt failed.
     pub(crate) last_error: Option<LndError>,
 }
@@ -69,22 +72,25 @@ impl Peer {
             max_frags: crate::wire::IBLND_MAX_RDMA_FRAGS as u16,
             races: 0,
             reconnects: 0,
-            next_attempt: Instant::ZERO,
+            reconnect_at: None,
             last_error: None,
         }
     }
 
-    /// Records one more connection attempt and paces the next.
-    pub(crate) fn note_attempt(&mut self, now: Instant) {
+    /// Schedules one more reconnect after a reject and returns when it is due: the first
+    /// [`QUICK_RECONNECTS`] at once, each later one [`RECONNECT_INTERVAL`] after the reject.
+    pub(crate) fn schedule_reconnect(&mut self, now: Instant) -> Instant {
         self.reconnects = self.reconnects.saturating_add(1);
-        self.next_attempt = if self.reconnects >= QUICK_RECONNECTS { now + RECONNECT_INTERVAL } else { now };
+        let at = if self.reconnects > QUICK_RECONNECTS { now + RECONNECT_INTERVAL } else { now };
+        self.reconnect_at = Some(at);
+        at
     }
 
     /// The state reported to LNet.
     pub(crate) fn state(&self, established: usize) -> PeerState {
         if established > 0 {
             PeerState::Connected
-        } else if self.connecting > 0 || self.accepting > 0 {
+        } else if self.connecting > 0 || self.accepting > 0 || self.reconnect_at.is_some() {
             PeerState::Connecting
         } else if self.last_error.is_some() {
             PeerState::Failed
@@ -111,11 +117,11 @@ mod tests {
     fn reconnects_are_paced_after_ten() {
         let mut p = Peer::new("10.0.0.1@o2ib".parse().unwrap(), 8);
         let t = Instant::from_secs(5);
-        for _ in 0..QUICK_RECONNECTS - 1 {
-            p.note_attempt(t);
-            assert_eq!(p.next_attempt, t);
+        for _ in 0..QUICK_RECONNECTS {
+            assert_eq!(p.schedule_reconnect(t), t);
         }
-        p.note_attempt(t);
-        assert_eq!(p.next_attempt, t + RECONNECT_INTERVAL);
+        assert_eq!(p.schedule_reconnect(t), t + RECONNECT_INTERVAL);
+        assert_eq!(p.reconnect_at, Some(t + RECONNECT_INTERVAL));
+        assert_eq!(p.state(0), PeerState::Connecting, "a reconnect is due");
     }
 }

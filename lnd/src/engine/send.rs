@@ -392,8 +392,9 @@ impl<D: Device> Engine<D> {
             if let Some(t) = self.txs.get_mut(txk) {
                 t.queued = true;
             }
-            let connecting = p.connecting > 0 || p.accepting > 0;
-            if !connecting && now >= p.next_attempt {
+            // Under way already, or a reconnect after a reject is due: it waits for that.
+            let connecting = p.connecting > 0 || p.accepting > 0 || p.reconnect_at.is_some();
+            if !connecting {
                 self.connect_peer(now, peer);
             }
             return;

@@ -62,7 +62,7 @@ impl<D: Device> Engine<D> {
         }
     }
 
-    /// Periodic work: keepalives, connect deadlines, zombie connections.
+    /// Periodic work: keepalives, connect deadlines, zombie connections, due reconnects.
     pub(super) fn scan(&mut self, now: Instant) {
         let keepalive = self.cfg.tunables.keepalive_interval();
         let keys: Vec<usize> = self.conns.iter().map(|(k, _)| k).collect();
@@ -88,18 +88,33 @@ impl<D: Device> Engine<D> {
                 }
             }
         }
-        // Peers whose paced reconnect is due.
-        let due: Vec<Nid> = self
-            .peers
-            .iter()
-            .filter(|(_, p)| {
-                !p.pending.is_empty() && p.connecting == 0 && p.accepting == 0 && now >= p.next_attempt
-            })
-            .filter(|(_, p)| {
-                !p.conns.iter().any(|&k| self.conns.get(k).is_some_and(|c| c.state != ConnState::Closing))
-            })
-            .map(|(n, _)| *n)
-            .collect();
+        self.reconnect_due(now);
+    }
+
+    /// Peers whose reconnect after a reject is due (connd taking `kib_reconn_list`, and
+    /// `kib_reconn_wait` once a second): connected again if transmits still wait for them and
+    /// nothing else is under way. Otherwise the reconnect is dropped (`kiblnd_reconnect_peer`
+    /// aborting, `kiblnd_check_reconnect`'s "no need": the waiting transmits expired or went
+    /// elsewhere), and a peer nothing waits for starts afresh next time. Also connects a peer
+    /// whose transmits wait with nothing under way for them at all.
+    pub(super) fn reconnect_due(&mut self, now: Instant) {
+        let mut due: Vec<Nid> = Vec::new();
+        let mut next = None;
+        for (nid, p) in &mut self.peers {
+            if let Some(t) = p.reconnect_at.filter(|&t| t > now) {
+                next = Instant::min_deadline(next, Some(t));
+                continue;
+            }
+            let open =
+                p.conns.iter().any(|&k| self.conns.get(k).is_some_and(|c| c.state != ConnState::Closing));
+            let busy = p.connecting > 0 || p.accepting > 0 || open;
+            if !busy && !p.pending.is_empty() {
+                due.push(*nid);
+            } else if p.reconnect_at.take().is_some() && !busy {
+                p.reconnects = 0;
+            }
+        }
+        self.reconnect_check = next;
         for nid in due {
             self.connect_peer(now, nid);
         }

@@ -395,6 +395,7 @@ mod hostile;
 mod link;
 mod ports;
 mod reaping;
+mod reconnect;
 mod soak;
 
 #[test]
