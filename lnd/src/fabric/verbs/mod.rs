@@ -143,7 +143,7 @@ struct Core {
     name: String,
     path: PathParams,
     mrs: RwLock<MrTable>,
-    learned: Arc<Mutex<HashMap<Ipv4Addr, PortAddr>>>,
+    learned: Arc<Mutex<side::Learned>>,
 }
 
 impl Core {
@@ -428,7 +428,7 @@ impl VerbsDevice {
         };
         raw::set_nonblocking(c.ctx.async_fd())
             .map_err(|e| FabricError::io("fcntl(async fd, O_NONBLOCK)", e))?;
-        let learned = Arc::new(Mutex::new(HashMap::new()));
+        let learned = Arc::new(Mutex::new(side::Learned::new()));
         let local = FrameHeader { ip: ipv4.unwrap_or(Ipv4Addr::UNSPECIFIED), gid: c.gid.gid, lid };
         let listen = SocketAddr::from((ipv4.unwrap_or(Ipv4Addr::UNSPECIFIED), config.mad_port));
         let mut channel =
@@ -646,11 +646,9 @@ impl Device for VerbsDevice {
             Some(ip) => ip,
             None => {
                 let learned = self.shared.core.learned.lock().unwrap_or_else(|p| p.into_inner());
-                learned.iter().find(|(_, a)| a.gid == dest.gid).map(|(ip, _)| *ip).ok_or(
-                    FabricError::InvalidArgument {
-                        what: "destination is neither IPv4-named nor a known peer",
-                    },
-                )?
+                learned.ip_of_gid(&dest.gid).ok_or(FabricError::InvalidArgument {
+                    what: "destination is neither IPv4-named nor a known peer",
+                })?
             }
         };
         if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
@@ -696,7 +694,8 @@ impl Device for VerbsDevice {
         let side = self.shared.side().channel.stats();
         s.mads_sent = side.sent;
         s.mads_received = side.received;
-        s.malformed = side.malformed;
+        // A frame naming someone else as its sender is as unusable as one that does not parse.
+        s.malformed = side.malformed.saturating_add(side.spoofed);
         s
     }
 }

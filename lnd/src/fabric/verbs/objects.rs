@@ -184,7 +184,7 @@ impl VerbsQp {
                 let ip =
                     dest.gid.to_ipv4().ok_or(FabricError::InvalidArgument { what: "dest LID (0xffff)" })?;
                 let learned = self.core.learned.lock().unwrap_or_else(|p| p.into_inner());
-                let real = learned.get(&ip).copied().ok_or(FabricError::NotFound {
+                let real = learned.get(&ip).ok_or(FabricError::NotFound {
                     what: "InfiniBand address of the peer (no side-channel frame from it yet)",
                 })?;
                 let mut out = *m;

@@ -29,20 +29,63 @@
 //!
 //! # Connections
 //! * One non-blocking listener on `port`. Accepted connections are receive-only.
-//! * One outgoing connection per peer IP, opened on the first send to it, send-only. A failed
-//!   connect, a write error or EOF closes it; while frames are queued it is reopened after a
-//!   backoff (100 ms doubling to 5 s). Frames older than 10 s are dropped instead of sent, and
-//!   a peer's queue holds at most 1024 frames (more are dropped and counted): MADs are
-//!   datagrams and the CM retransmits.
+//! * One outgoing connection per peer IP, opened on the first send to it, send-only, from the
+//!   local address named in our frames (when one is configured; see "Hostile peers"). A
+//!   failed connect, a write error or EOF closes it; while frames are queued it is reopened
+//!   after a backoff (100 ms doubling to 5 s). Frames older than 10 s are dropped instead of
+//!   sent, and a peer's queue holds at most 1024 frames (more are dropped and counted): MADs
+//!   are datagrams and the CM retransmits.
 //! * An outgoing connection that makes no progress for 20 s while frames wait (a peer that
 //!   vanished without a reset, a connect that hangs) is closed and reopened.
 //! * Connections idle for 5 minutes (outgoing) or 10 minutes (incoming) are closed.
 //! * Everything is driven by [`SideChannel::progress`]: sockets live in an internal
 //!   `mio::Poll` whose fd ([`SideChannel::fd`]) is the one the driver waits on. Extra fds
 //!   (the device's async-event fd) can share it ([`SideChannel::register_extra`]). All
-//!   registrations are edge-triggered, so `progress` always drains what is readable.
+//!   registrations are edge-triggered, so `progress` always drains what is readable, at most
+//!   [`READ_BUDGET`] frames per connection per call: a connection with more waiting is read
+//!   again by the next call, which [`SideChannel::next_deadline`] makes due at once.
+//!
+//! # Hostile peers
+//! The channel is unauthenticated, like the CM on QP1: what a TCP connection proves is that
+//! its peer can receive at its source address (the handshake), nothing more. The contract
+//! towards a peer that sends whatever it likes:
+//! * **Sender address.** The header's IPv4 address must be `0.0.0.0` or the TCP peer's
+//!   ([`frame_sender`]); any other frame closes the connection, counted as
+//!   [`SideStats::spoofed`] ([`FrameError::SenderMismatch`]). Only addresses are compared: the
+//!   header has no port, and an incoming connection's source port is the sender's ephemeral
+//!   (or reserved) one, never its listener. So that honest senders pass on hosts with several
+//!   addresses, outgoing connections are bound to the address in our own header. A MAD is
+//!   reported as coming from the checked address, and a peer can teach the learned-address
+//!   table ([`Learned`]) only its own entry; the table's contract (GID index, bound, eviction)
+//!   is on [`Learned`].
+//! * **Slots.** At most [`MAX_IN_CONNS`] incoming connections, [`MAX_IN_PER_IP`] from one
+//!   address. A new connection is never refused for want of a slot: it closes the oldest
+//!   connection from its own address when that address is at its cap, else (all slots taken)
+//!   the oldest incoming connection (both counted as [`SideStats::evicted`]). Oldest means
+//!   accepted first, something a peer cannot influence by what it sends: a connection loses
+//!   its slot only after [`MAX_IN_PER_IP`] − 1 later connections from its own address, or
+//!   after [`MAX_IN_CONNS`] − 1 later connections in all. So a hog at its address's cap only
+//!   evicts itself, and pushing an honest connection out takes thousands of handshakes in
+//!   the moment the sender needs to write its frame; a peer evicted between frames
+//!   reconnects on its next send.
+//! * **Partial frames.** A connection must complete each frame within [`FRAME_DEADLINE`] (of
+//!   its accept for the first frame, of the frame's first byte for later ones), or it is
+//!   closed ([`SideStats::frame_timeouts`]; checked every second). A trickle of bytes holds
+//!   a slot for seconds, not until the idle timeout; an honest sender connects only with a
+//!   frame to send and writes each whole. A connection between frames is closed after the
+//!   idle timeout, or sooner by eviction.
+//! * **Receive queue.** Received MADs are queued per sender address, at most
+//!   [`RX_PER_PEER_MAX`] each (more from that sender are dropped, [`SideStats::rx_peer_full`]),
+//!   [`RX_QUEUE_MAX`] in all, and [`SideChannel::recv`] takes them round-robin across senders
+//!   (in order within one). When the whole queue is full, a frame from a sender whose queue
+//!   is at least two shorter than the longest pushes the longest queue's newest MAD out
+//!   ([`SideStats::rx_pushed_out`]); otherwise it is dropped ([`SideStats::rx_dropped`]). A
+//!   flooder thus drops its own frames: it can push out only MADs of a sender with more
+//!   queued than itself, and delays another sender's next MAD by at most one of its own.
+//! * **Wire input never panics:** frames are fixed-size and decoded field by field; every
+//!   table and queue above is bounded.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -69,16 +112,37 @@ pub const FRAME_HEADER_LEN: usize = 28;
 pub const FRAME_LEN: usize = FRAME_HEADER_LEN + 256;
 /// Frames queued per peer before new ones are dropped.
 pub const PEER_QUEUE_MAX: usize = 1024;
-/// Received MADs kept before new ones are dropped.
+/// Received MADs kept in all (see "Hostile peers" in the module docs for who is dropped).
 pub const RX_QUEUE_MAX: usize = 4096;
-/// Learned peer addresses kept (new peers beyond it are not learned).
+/// Received MADs kept per sender address; more from that sender are dropped. The CM drains
+/// the queue at every progress and one peer has a few MADs in flight per connection, so an
+/// honest peer stays far below this.
+pub const RX_PER_PEER_MAX: usize = 64;
+/// Learned peer addresses kept (see [`Learned`]).
 pub const LEARNED_MAX: usize = 65_536;
+/// A learned entry heard from within this long is live: it is not evicted to make room, and
+/// the GID it claimed stays indexed to it. An entry is needed from the frame that teaches it
+/// until the RTR a moment later (the CM handshake takes seconds), so this is generous.
+pub const LEARNED_HOLD: Duration = Duration::from_secs(120);
+/// Incoming connections kept; a new one beyond closes the oldest (module docs, "Slots").
+pub const MAX_IN_CONNS: usize = 4096;
+/// Incoming connections kept from one source address; a new one beyond closes that address's
+/// oldest. An honest peer has one (two while its reconnect races our noticing the old one
+/// closed).
+pub const MAX_IN_PER_IP: usize = 4;
+/// How long an incoming connection has to complete a frame: counted from its accept for the
+/// first frame, from the frame's first byte for each later one. An honest sender connects
+/// only with a frame to send and writes each 284-byte frame whole, so only a stalled or
+/// hostile connection misses it; it is closed ([`SideStats::frame_timeouts`]) by the next
+/// sweep (at most a second late).
+pub const FRAME_DEADLINE: Duration = Duration::from_secs(5);
+/// Frames read from one connection per [`SideChannel::progress`] before the others get theirs.
+pub const READ_BUDGET: usize = 64;
 
 const LISTENER: Token = Token(0);
 const EXTRA: Token = Token(1);
 const FIRST_CONN: usize = 2;
 const EVENTS_CAPACITY: usize = 256;
-const MAX_CONNS: usize = 4096;
 const MAX_PEERS: usize = 4096;
 const FRAME_TTL: Duration = Duration::from_secs(10);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -100,7 +164,7 @@ pub struct FrameHeader {
     pub lid: u16,
 }
 
-/// Why a frame was refused.
+/// Why a frame was refused (each closes its connection).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
     /// The first four bytes are not `"LNDM"`.
@@ -109,6 +173,34 @@ pub enum FrameError {
     /// An unknown format version.
     #[error("unsupported frame version {0}")]
     BadVersion(u8),
+    /// The header names a sender address other than the TCP peer's.
+    #[error("frame names sender {claimed} but came from {peer}")]
+    SenderMismatch {
+        /// The address in the header.
+        claimed: Ipv4Addr,
+        /// The TCP peer's address.
+        peer: Ipv4Addr,
+    },
+}
+
+/// Why a well-formed frame from an accepted sender was not queued for the CM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RxDrop {
+    /// Its sender already has [`RX_PER_PEER_MAX`] MADs queued.
+    #[error("the sender already has its share of the receive queue")]
+    PeerQueueFull,
+    /// The receive queue is full and no sender has a longer queue than this one's.
+    #[error("the receive queue is full")]
+    QueueFull,
+}
+
+/// Why [`Learned::learn`] refused an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LearnError {
+    /// The table holds [`LEARNED_MAX`] entries and all are live (heard within
+    /// [`LEARNED_HOLD`]).
+    #[error("the learned-address table is full of live entries")]
+    Full,
 }
 
 /// Encodes one frame.
@@ -142,6 +234,225 @@ pub fn decode_frame(f: &[u8; FRAME_LEN]) -> Result<(FrameHeader, Mad), FrameErro
     Ok((FrameHeader { ip, gid: Gid(gid), lid }, mad))
 }
 
+/// The address a frame received from TCP peer `peer` comes from: `peer`, if the header names
+/// it or names no one (`0.0.0.0`); any other claim is [`FrameError::SenderMismatch`].
+pub fn frame_sender(h: &FrameHeader, peer: Ipv4Addr) -> Result<Ipv4Addr, FrameError> {
+    if h.ip.is_unspecified() || h.ip == peer {
+        Ok(peer)
+    } else {
+        Err(FrameError::SenderMismatch { claimed: h.ip, peer })
+    }
+}
+
+/// Fabric addresses (GID, LID) learned from side-channel frames, per sender IPv4 address.
+///
+/// Contract:
+/// * Only [`SideChannel`] writes it, and only under the address a frame was checked to come
+///   from ([`frame_sender`]): a peer can teach, and overwrite, its own entry and no other (a
+///   frame that passes that check teaches even if the receive queue then drops it).
+/// * The GID index ([`Learned::ip_of_gid`]) names the address that claimed a GID first. Another
+///   address claiming the same GID (two NIDs on one HCA port, or a peer posing as another) is
+///   stored under its own address, but takes the index over only once the holder is no longer
+///   live (not heard from for [`LEARNED_HOLD`]); the holder's own frames keep it live.
+/// * At most [`LEARNED_MAX`] entries. A new address takes the place of the least recently
+///   heard entry if that one is no longer live; else it is refused ([`LearnError::Full`]) and
+///   its frame is dropped. So the table never locks new peers out for good, and filling it
+///   takes as many addresses, each with a TCP connection, heard within [`LEARNED_HOLD`].
+#[derive(Debug)]
+pub struct Learned {
+    by_ip: HashMap<Ipv4Addr, LearnedEntry>,
+    by_gid: HashMap<Gid, Ipv4Addr>,
+    by_age: BTreeSet<(Instant, Ipv4Addr)>,
+    max: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct LearnedEntry {
+    addr: PortAddr,
+    heard: Instant,
+}
+
+impl Default for Learned {
+    fn default() -> Learned {
+        Learned::with_max(LEARNED_MAX)
+    }
+}
+
+impl Learned {
+    /// An empty table.
+    pub fn new() -> Learned {
+        Learned::default()
+    }
+
+    fn with_max(max: usize) -> Learned {
+        Learned { by_ip: HashMap::new(), by_gid: HashMap::new(), by_age: BTreeSet::new(), max }
+    }
+
+    /// What `ip` taught us of its fabric address.
+    pub fn get(&self, ip: &Ipv4Addr) -> Option<PortAddr> {
+        self.by_ip.get(ip).map(|e| e.addr)
+    }
+
+    /// The address a GID is indexed to (see the type's docs).
+    pub fn ip_of_gid(&self, gid: &Gid) -> Option<Ipv4Addr> {
+        self.by_gid.get(gid).copied()
+    }
+
+    /// Entries kept.
+    pub fn len(&self) -> usize {
+        self.by_ip.len()
+    }
+
+    /// Whether nothing was learned.
+    pub fn is_empty(&self) -> bool {
+        self.by_ip.is_empty()
+    }
+
+    /// Records that `ip`, heard at `now`, has fabric address `addr`. `Ok(Some(holder))` when
+    /// `addr`'s GID stays indexed to another live address, `holder`.
+    pub fn learn(
+        &mut self,
+        ip: Ipv4Addr,
+        addr: PortAddr,
+        now: Instant,
+    ) -> Result<Option<Ipv4Addr>, LearnError> {
+        if !self.by_ip.contains_key(&ip) && self.by_ip.len() >= self.max {
+            let Some(&(heard, oldest)) = self.by_age.first() else { return Err(LearnError::Full) };
+            if now.saturating_duration_since(heard) <= LEARNED_HOLD {
+                return Err(LearnError::Full);
+            }
+            self.remove(oldest);
+        }
+        if let Some(old) = self.by_ip.get(&ip).copied() {
+            self.by_age.remove(&(old.heard, ip));
+            if old.addr.gid != addr.gid && self.by_gid.get(&old.addr.gid) == Some(&ip) {
+                self.by_gid.remove(&old.addr.gid);
+            }
+        }
+        self.by_ip.insert(ip, LearnedEntry { addr, heard: now });
+        self.by_age.insert((now, ip));
+        match self.by_gid.get(&addr.gid).copied() {
+            Some(holder) if holder != ip && self.is_live(holder, now) => Ok(Some(holder)),
+            _ => {
+                self.by_gid.insert(addr.gid, ip);
+                Ok(None)
+            }
+        }
+    }
+
+    fn is_live(&self, ip: Ipv4Addr, now: Instant) -> bool {
+        self.by_ip.get(&ip).is_some_and(|e| now.saturating_duration_since(e.heard) <= LEARNED_HOLD)
+    }
+
+    fn remove(&mut self, ip: Ipv4Addr) {
+        if let Some(e) = self.by_ip.remove(&ip) {
+            self.by_age.remove(&(e.heard, ip));
+            if self.by_gid.get(&e.addr.gid) == Some(&ip) {
+                self.by_gid.remove(&e.addr.gid);
+            }
+        }
+    }
+}
+
+/// Received MADs, queued per sender and handed out round-robin (module docs, "Receive queue").
+///
+/// Invariants: a sender is in `order` once, and in `by_len` with its queue's length, exactly
+/// while its queue in `by_ip` is non-empty; `total` is the sum of the queues' lengths.
+#[derive(Debug)]
+struct RxQueue {
+    by_ip: HashMap<Ipv4Addr, VecDeque<Mad>>,
+    order: VecDeque<Ipv4Addr>,
+    by_len: BTreeSet<(usize, Ipv4Addr)>,
+    total: usize,
+    per_peer: usize,
+    max: usize,
+}
+
+impl RxQueue {
+    fn new(per_peer: usize, max: usize) -> RxQueue {
+        RxQueue {
+            by_ip: HashMap::new(),
+            order: VecDeque::new(),
+            by_len: BTreeSet::new(),
+            total: 0,
+            per_peer,
+            max,
+        }
+    }
+
+    /// Queues `mad` from `ip`; `Ok(Some(victim))` when it pushed `victim`'s newest MAD out.
+    fn push(&mut self, ip: Ipv4Addr, mad: Mad) -> Result<Option<Ipv4Addr>, RxDrop> {
+        let len = self.by_ip.get(&ip).map_or(0, VecDeque::len);
+        if len >= self.per_peer {
+            return Err(RxDrop::PeerQueueFull);
+        }
+        let mut pushed_out = None;
+        if self.total >= self.max {
+            // Only a queue longer than this sender's will be after the push gives way, so the
+            // longest queue only ever shrinks and two senders never take turns displacing.
+            match self.by_len.last().copied() {
+                Some((longest, victim)) if longest > len.saturating_add(1) => {
+                    self.pop_back(victim, longest);
+                    pushed_out = Some(victim);
+                }
+                _ => return Err(RxDrop::QueueFull),
+            }
+        }
+        let q = self.by_ip.entry(ip).or_default();
+        q.push_back(mad);
+        if len == 0 {
+            self.order.push_back(ip);
+        } else {
+            self.by_len.remove(&(len, ip));
+        }
+        self.by_len.insert((q.len(), ip));
+        self.total = self.total.saturating_add(1);
+        Ok(pushed_out)
+    }
+
+    /// Drops the newest MAD of `ip`, whose queue is `len` long.
+    fn pop_back(&mut self, ip: Ipv4Addr, len: usize) {
+        let Some(q) = self.by_ip.get_mut(&ip) else { return };
+        if q.pop_back().is_none() {
+            return;
+        }
+        self.total = self.total.saturating_sub(1);
+        self.by_len.remove(&(len, ip));
+        if q.is_empty() {
+            self.by_ip.remove(&ip);
+            self.order.retain(|&o| o != ip);
+        } else {
+            self.by_len.insert((q.len(), ip));
+        }
+    }
+
+    /// The oldest MAD of the sender whose turn it is.
+    fn pop(&mut self) -> Option<(Ipv4Addr, Mad)> {
+        while let Some(ip) = self.order.pop_front() {
+            let Some(q) = self.by_ip.get_mut(&ip) else { continue };
+            let len = q.len();
+            let Some(mad) = q.pop_front() else {
+                self.by_ip.remove(&ip);
+                continue;
+            };
+            self.total = self.total.saturating_sub(1);
+            self.by_len.remove(&(len, ip));
+            if q.is_empty() {
+                self.by_ip.remove(&ip);
+            } else {
+                self.by_len.insert((q.len(), ip));
+                self.order.push_back(ip);
+            }
+            return Some((ip, mad));
+        }
+        None
+    }
+
+    fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+}
+
 /// Side-channel counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SideStats {
@@ -151,10 +462,31 @@ pub struct SideStats {
     pub received: u64,
     /// Frames dropped before sending (queue full, too old, too many peers).
     pub tx_dropped: u64,
-    /// Frames dropped after receipt (receive queue full).
+    /// Frames dropped after receipt because the receive queue was full and their sender's
+    /// queue was already among the longest ([`RxDrop::QueueFull`]).
     pub rx_dropped: u64,
-    /// Connections closed for a malformed frame.
+    /// Frames dropped after receipt because their sender already had [`RX_PER_PEER_MAX`]
+    /// MADs queued ([`RxDrop::PeerQueueFull`]).
+    pub rx_peer_full: u64,
+    /// Queued MADs dropped from the longest sender queue to make room for a sender with a
+    /// shorter one.
+    pub rx_pushed_out: u64,
+    /// Connections closed for a malformed frame (bad magic or version).
     pub malformed: u64,
+    /// Connections closed for a frame naming a sender other than the TCP peer
+    /// ([`FrameError::SenderMismatch`]).
+    pub spoofed: u64,
+    /// Incoming connections closed for not completing a frame within [`FRAME_DEADLINE`].
+    pub frame_timeouts: u64,
+    /// Incoming connections closed to make room for a new one ([`MAX_IN_PER_IP`],
+    /// [`MAX_IN_CONNS`]).
+    pub evicted: u64,
+    /// Frames whose GID stayed indexed to another live address ([`Learned`]); they are
+    /// delivered, and learned under their own address.
+    pub gid_conflicts: u64,
+    /// Frames dropped because the learned-address table was full of live entries
+    /// ([`LearnError::Full`]).
+    pub learned_full: u64,
     /// Outgoing connections established.
     pub connects: u64,
     /// Outgoing connections that failed or broke.
@@ -190,11 +522,19 @@ pub struct Readiness {
     pub extra: bool,
 }
 
+#[derive(Clone, Copy)]
 enum Dir {
     /// Send-only connection to a peer.
     Out { ip: Ipv4Addr, connected: bool },
     /// Receive-only connection from a peer.
-    In { peer: SocketAddr },
+    In {
+        /// The TCP peer's address.
+        ip: Ipv4Addr,
+        /// Accept order (lower is older): what eviction goes by.
+        seq: u64,
+        /// When the frame under way must be complete; `None` between frames.
+        deadline: Option<Instant>,
+    },
 }
 
 struct Conn {
@@ -203,6 +543,8 @@ struct Conn {
     rx: Box<[u8; FRAME_LEN]>,
     rx_len: usize,
     last_io: Instant,
+    /// Already in `SideChannel::rx_pending`.
+    pending: bool,
 }
 
 struct Peer {
@@ -217,6 +559,14 @@ struct Peer {
     dirty: bool,
 }
 
+/// The incoming-connection limits (the constants, except in tests).
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    in_conns: usize,
+    in_per_ip: usize,
+    read_budget: usize,
+}
+
 /// The TCP MAD transport (see the module docs).
 pub struct SideChannel {
     poll: Poll,
@@ -226,9 +576,17 @@ pub struct SideChannel {
     peer_port: u16,
     conns: Slab<Conn>,
     peers: HashMap<Ipv4Addr, Peer>,
-    rx: VecDeque<(Ipv4Addr, Mad)>,
+    rx: RxQueue,
     dirty: VecDeque<Ipv4Addr>,
-    learned: Arc<Mutex<HashMap<Ipv4Addr, PortAddr>>>,
+    learned: Arc<Mutex<Learned>>,
+    /// Incoming connections per source address, oldest first.
+    in_by_ip: HashMap<Ipv4Addr, Vec<usize>>,
+    /// Incoming connections (the lengths in `in_by_ip` summed).
+    incoming: usize,
+    accept_seq: u64,
+    /// Incoming connections that used up their read budget with bytes possibly left.
+    rx_pending: VecDeque<usize>,
+    limits: Limits,
     now: Instant,
     next_sweep: Instant,
     stats: SideStats,
@@ -252,12 +610,13 @@ fn token_of(key: usize) -> Token {
 
 impl SideChannel {
     /// Listens on `listen` and connects to peers on `peer_port`; every frame sent carries
-    /// `local`. Addresses learned from received frames go into `learned`.
+    /// `local`, and outgoing connections are made from `local.ip` unless it is `0.0.0.0`.
+    /// Addresses learned from received frames go into `learned`.
     pub fn bind(
         listen: SocketAddr,
         peer_port: u16,
         local: FrameHeader,
-        learned: Arc<Mutex<HashMap<Ipv4Addr, PortAddr>>>,
+        learned: Arc<Mutex<Learned>>,
     ) -> io::Result<SideChannel> {
         let poll = Poll::new()?;
         let mut listener = TcpListener::bind(listen)?;
@@ -270,9 +629,14 @@ impl SideChannel {
             peer_port,
             conns: Slab::new(),
             peers: HashMap::new(),
-            rx: VecDeque::new(),
+            rx: RxQueue::new(RX_PER_PEER_MAX, RX_QUEUE_MAX),
             dirty: VecDeque::new(),
             learned,
+            in_by_ip: HashMap::new(),
+            incoming: 0,
+            accept_seq: 0,
+            rx_pending: VecDeque::new(),
+            limits: Limits { in_conns: MAX_IN_CONNS, in_per_ip: MAX_IN_PER_IP, read_budget: READ_BUDGET },
             now: Instant::ZERO,
             next_sweep: Instant::ZERO,
             stats: SideStats::default(),
@@ -341,9 +705,10 @@ impl SideChannel {
         }
     }
 
-    /// The next received MAD with its sender's address.
+    /// The next received MAD with its sender's address. Senders take turns (module docs,
+    /// "Hostile peers"); one sender's MADs come in order.
     pub fn recv(&mut self) -> Option<(Ipv4Addr, Mad)> {
-        self.rx.pop_front()
+        self.rx.pop()
     }
 
     /// Whether received MADs are waiting.
@@ -351,10 +716,11 @@ impl SideChannel {
         !self.rx.is_empty()
     }
 
-    /// When `progress` must run again even if the fd stays quiet: now if sends are queued,
-    /// else the earliest reconnect or the next idle sweep (only while connections exist).
+    /// When `progress` must run again even if the fd stays quiet: now if sends are queued or
+    /// a connection has unread frames beyond its read budget, else the earliest reconnect or
+    /// the next sweep (idle connections, frame deadlines; only while connections exist).
     pub fn next_deadline(&self) -> Option<Instant> {
-        if !self.dirty.is_empty() {
+        if !self.dirty.is_empty() || !self.rx_pending.is_empty() {
             return Some(Instant::ZERO);
         }
         let retry = self.peers.values().filter_map(|p| p.retry_at).min();
@@ -368,11 +734,28 @@ impl SideChannel {
     pub fn progress(&mut self, now: Instant) -> io::Result<Readiness> {
         self.now = now;
         let mut ready = Readiness::default();
+        let pending: Vec<usize> = self.rx_pending.drain(..).collect();
+        for &key in &pending {
+            if let Some(conn) = self.conns.get_mut(key) {
+                conn.pending = false;
+            }
+        }
         loop {
             match self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // Still owed a budget: keep them for the next call.
+                    for &key in &pending {
+                        if let Some(conn) = self.conns.get_mut(key) {
+                            if !conn.pending {
+                                conn.pending = true;
+                                self.rx_pending.push_back(key);
+                            }
+                        }
+                    }
+                    return Err(e);
+                }
             }
             let tokens: Vec<(Token, bool)> =
                 self.events.iter().map(|e| (e.token(), e.is_writable())).collect();
@@ -385,6 +768,13 @@ impl SideChannel {
             }
             if tokens.len() < EVENTS_CAPACITY {
                 break;
+            }
+        }
+        // Connections that used up their budget in an earlier call get one more budget now,
+        // unless an event of this call already gave them one and they used it up again.
+        for key in pending {
+            if self.conns.get(key).is_some_and(|c| !c.pending) {
+                self.read_in(key);
             }
         }
         let due: Vec<Ipv4Addr> = self
@@ -416,26 +806,37 @@ impl SideChannel {
         loop {
             match self.listener.accept() {
                 Ok((mut stream, peer)) => {
-                    if self.conns.len() >= MAX_CONNS {
-                        continue; // dropping the stream closes it
-                    }
+                    // The listener is IPv4; a mapped address is the same peer.
+                    let ip = match peer {
+                        SocketAddr::V4(a) => *a.ip(),
+                        SocketAddr::V6(a) => match a.ip().to_ipv4_mapped() {
+                            Some(ip) => ip,
+                            None => continue, // dropping the stream closes it
+                        },
+                    };
                     if self.policy.require_privileged && peer.port() >= PROT_SOCK {
                         self.stats.refused_unprivileged += 1;
                         continue;
                     }
+                    self.make_room(ip);
                     let _ = stream.set_nodelay(true);
                     let entry = self.conns.vacant_entry();
-                    let token = token_of(entry.key());
-                    if self.poll.registry().register(&mut stream, token, Interest::READABLE).is_err() {
+                    let key = entry.key();
+                    if self.poll.registry().register(&mut stream, token_of(key), Interest::READABLE).is_err()
+                    {
                         continue;
                     }
+                    self.accept_seq += 1;
                     entry.insert(Conn {
                         stream,
-                        dir: Dir::In { peer },
+                        dir: Dir::In { ip, seq: self.accept_seq, deadline: Some(self.now + FRAME_DEADLINE) },
                         rx: Box::new([0u8; FRAME_LEN]),
                         rx_len: 0,
                         last_io: self.now,
+                        pending: false,
                     });
+                    self.in_by_ip.entry(ip).or_default().push(key);
+                    self.incoming += 1;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // WouldBlock ends the burst; anything else (EMFILE...) leaves the connection in
@@ -445,10 +846,33 @@ impl SideChannel {
         }
     }
 
+    /// Frees a slot for a new connection from `ip` if the limits need one (module docs,
+    /// "Slots"): `ip`'s oldest connection when it has its share, else the oldest of all when
+    /// every slot is taken.
+    fn make_room(&mut self, ip: Ipv4Addr) {
+        let victim = match self.in_by_ip.get(&ip) {
+            Some(keys) if keys.len() >= self.limits.in_per_ip => keys.first().copied(),
+            _ if self.incoming >= self.limits.in_conns => self
+                .conns
+                .iter()
+                .filter_map(|(k, c)| match c.dir {
+                    Dir::In { seq, .. } => Some((seq, k)),
+                    Dir::Out { .. } => None,
+                })
+                .min()
+                .map(|(_, k)| k),
+            _ => None,
+        };
+        if let Some(key) = victim {
+            self.stats.evicted += 1;
+            self.close(key);
+        }
+    }
+
     fn on_conn_event(&mut self, key: usize, writable: bool) {
         let Some(conn) = self.conns.get_mut(key) else { return };
         match conn.dir {
-            Dir::In { peer } => self.read_in(key, peer),
+            Dir::In { .. } => self.read_in(key),
             Dir::Out { ip, connected } => {
                 if !connected {
                     match conn.stream.take_error() {
@@ -487,23 +911,46 @@ impl SideChannel {
         }
     }
 
-    fn read_in(&mut self, key: usize, peer: SocketAddr) {
+    /// Reads whole frames, at most the read budget (module docs, "Connections").
+    fn read_in(&mut self, key: usize) {
+        let now = self.now;
+        let mut frames = 0;
         loop {
             let Some(conn) = self.conns.get_mut(key) else { return };
+            let Dir::In { ip, seq, deadline } = conn.dir else { return };
+            if frames >= self.limits.read_budget {
+                if !conn.pending {
+                    conn.pending = true;
+                    self.rx_pending.push_back(key);
+                }
+                return;
+            }
+            // `rx_len < FRAME_LEN` always holds here, so the buffer is never empty.
             let buf = conn.rx.get_mut(conn.rx_len..).unwrap_or_default();
             match conn.stream.read(buf) {
                 Ok(0) => return self.close(key),
                 Ok(n) => {
-                    conn.last_io = self.now;
-                    conn.rx_len += n;
+                    conn.last_io = now;
+                    // A frame's first byte starts its deadline (the first frame's runs from
+                    // the accept).
+                    let deadline = deadline.or(Some(now + FRAME_DEADLINE));
+                    conn.rx_len = conn.rx_len.saturating_add(n).min(FRAME_LEN);
                     if conn.rx_len < FRAME_LEN {
+                        conn.dir = Dir::In { ip, seq, deadline };
                         continue;
                     }
                     conn.rx_len = 0;
-                    match decode_frame(&conn.rx) {
-                        Ok((h, mad)) => self.deliver(h, peer, mad),
-                        Err(_) => {
-                            self.stats.malformed += 1;
+                    conn.dir = Dir::In { ip, seq, deadline: None };
+                    frames += 1;
+                    let frame = decode_frame(&conn.rx)
+                        .and_then(|(h, mad)| frame_sender(&h, ip).map(|from| (from, h, mad)));
+                    match frame {
+                        Ok((from, h, mad)) => self.deliver(from, h, mad),
+                        Err(e) => {
+                            match e {
+                                FrameError::BadMagic | FrameError::BadVersion(_) => self.stats.malformed += 1,
+                                FrameError::SenderMismatch { .. } => self.stats.spoofed += 1,
+                            }
                             return self.close(key);
                         }
                     }
@@ -515,30 +962,30 @@ impl SideChannel {
         }
     }
 
-    fn deliver(&mut self, h: FrameHeader, peer: SocketAddr, mad: Mad) {
-        let ip = match (h.ip.is_unspecified(), peer) {
-            (false, _) => h.ip,
-            (true, SocketAddr::V4(a)) => *a.ip(),
-            (true, SocketAddr::V6(a)) => match a.ip().to_ipv4_mapped() {
-                Some(ip) => ip,
-                None => {
-                    self.stats.malformed += 1;
-                    return;
-                }
-            },
-        };
-        {
+    /// Learns the sender's address and queues the MAD (`ip` is checked: [`frame_sender`]).
+    fn deliver(&mut self, ip: Ipv4Addr, h: FrameHeader, mad: Mad) {
+        let learnt = {
             let mut learned = self.learned.lock().unwrap_or_else(|p| p.into_inner());
-            if learned.len() < LEARNED_MAX || learned.contains_key(&ip) {
-                learned.insert(ip, PortAddr { gid: h.gid, lid: h.lid });
+            learned.learn(ip, PortAddr { gid: h.gid, lid: h.lid }, self.now)
+        };
+        match learnt {
+            Ok(None) => {}
+            Ok(Some(_holder)) => self.stats.gid_conflicts += 1,
+            Err(LearnError::Full) => {
+                self.stats.learned_full += 1;
+                return;
             }
         }
-        if self.rx.len() >= RX_QUEUE_MAX {
-            self.stats.rx_dropped += 1;
-            return;
+        match self.rx.push(ip, mad) {
+            Ok(pushed_out) => {
+                self.stats.received += 1;
+                if pushed_out.is_some() {
+                    self.stats.rx_pushed_out += 1;
+                }
+            }
+            Err(RxDrop::PeerQueueFull) => self.stats.rx_peer_full += 1,
+            Err(RxDrop::QueueFull) => self.stats.rx_dropped += 1,
         }
-        self.stats.received += 1;
-        self.rx.push_back((ip, mad));
     }
 
     /// Sends what `ip` has queued, connecting first if needed.
@@ -563,17 +1010,20 @@ impl SideChannel {
                 }
                 peer.retry_at = None;
                 let addr = SocketAddrV4::new(ip, self.peer_port);
+                // From the address our frames name, so that the peer's sender check passes on
+                // a host with several (module docs, "Hostile peers").
+                let from = self.local.ip;
                 let connected = if self.policy.use_privileged {
-                    match connect_from_reserved(addr) {
+                    match connect_from_reserved(from, addr) {
                         Ok(Some(s)) => Ok(s),
                         Ok(None) => {
                             self.stats.unprivileged_connects += 1;
-                            TcpStream::connect(SocketAddr::V4(addr))
+                            connect_bound(SocketAddrV4::new(from, 0), addr).map_err(ConnectError::into_io)
                         }
                         Err(e) => Err(e),
                     }
                 } else {
-                    TcpStream::connect(SocketAddr::V4(addr))
+                    connect_bound(SocketAddrV4::new(from, 0), addr).map_err(ConnectError::into_io)
                 };
                 let mut stream = match connected {
                     Ok(s) => s,
@@ -600,6 +1050,7 @@ impl SideChannel {
                     rx: Box::new([0u8; FRAME_LEN]),
                     rx_len: 0,
                     last_io: now,
+                    pending: false,
                 });
                 peer.conn = Some(k);
                 peer.front_sent = 0;
@@ -668,20 +1119,42 @@ impl SideChannel {
     fn close(&mut self, key: usize) {
         if let Some(mut conn) = self.conns.try_remove(key) {
             let _ = self.poll.registry().deregister(&mut conn.stream);
-            if let Dir::Out { ip, .. } = conn.dir {
-                if let Some(p) = self.peers.get_mut(&ip) {
-                    if p.conn == Some(key) {
-                        p.conn = None;
-                        p.front_sent = 0;
+            match conn.dir {
+                Dir::Out { ip, .. } => {
+                    if let Some(p) = self.peers.get_mut(&ip) {
+                        if p.conn == Some(key) {
+                            p.conn = None;
+                            p.front_sent = 0;
+                        }
+                    }
+                }
+                Dir::In { ip, .. } => {
+                    self.incoming = self.incoming.saturating_sub(1);
+                    if let Some(keys) = self.in_by_ip.get_mut(&ip) {
+                        keys.retain(|&k| k != key);
+                        if keys.is_empty() {
+                            self.in_by_ip.remove(&ip);
+                        }
                     }
                 }
             }
         }
     }
 
-    /// Reopens stalled outgoing connections, closes idle ones and forgets idle peers.
+    /// Reopens stalled outgoing connections, closes incoming ones past their frame deadline
+    /// and idle ones, and forgets idle peers.
     fn sweep(&mut self) {
         let now = self.now;
+        let late: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.dir, Dir::In { deadline: Some(d), .. } if now > d))
+            .map(|(k, _)| k)
+            .collect();
+        for k in late {
+            self.stats.frame_timeouts += 1;
+            self.close(k);
+        }
         let stalled: Vec<usize> = self
             .conns
             .iter()
@@ -726,44 +1199,89 @@ impl SideChannel {
     }
 }
 
-/// A non-blocking connection to `addr` from the highest free reserved port (1023 down to 512);
-/// `Ok(None)` when this process may not bind reserved ports.
-fn connect_from_reserved(addr: SocketAddrV4) -> io::Result<Option<TcpStream>> {
-    for port in (RESERVED_MIN..PROT_SOCK).rev() {
-        // SAFETY: socket(2) takes no pointers; the result is checked before use.
-        let fd = unsafe {
-            libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
+/// Why [`connect_bound`] failed.
+#[derive(Debug)]
+enum ConnectError {
+    /// `socket(2)` failed.
+    Socket(io::Error),
+    /// `bind(2)` failed.
+    Bind(io::Error),
+    /// `connect(2)` failed at once.
+    Connect(io::Error),
+}
+
+impl ConnectError {
+    fn into_io(self) -> io::Error {
+        match self {
+            ConnectError::Socket(e) | ConnectError::Bind(e) | ConnectError::Connect(e) => e,
         }
-        // SAFETY: `fd` is a socket we just created and own from here on; the OwnedFd closes it.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        let local = sockaddr_in(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
-        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: binds our socket to a sockaddr_in that lives across the call, with its size.
-        let r = unsafe { libc::bind(fd, std::ptr::addr_of!(local).cast(), len) };
-        if r != 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
+    }
+}
+
+/// A non-blocking TCP socket bound to `local`, connecting to `remote` (the connect finishes
+/// in the background: the socket becomes writable). Port 0 in `local` leaves the port to the
+/// connect, as an unbound socket would.
+fn connect_bound(local: SocketAddrV4, remote: SocketAddrV4) -> Result<TcpStream, ConnectError> {
+    // SAFETY: socket(2) takes no pointers; the result is checked before use.
+    let fd = unsafe {
+        libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0)
+    };
+    if fd < 0 {
+        return Err(ConnectError::Socket(io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` is a socket we just created and own from here on; the OwnedFd closes it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    if local.port() == 0 {
+        let one: libc::c_int = 1;
+        let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: passes a c_int that lives across the call, with its size. A failure (a
+        // kernel before 4.2) only means the port is picked at bind rather than at connect.
+        let _ = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_BIND_ADDRESS_NO_PORT,
+                std::ptr::addr_of!(one).cast(),
+                len,
+            )
+        };
+    }
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let from = sockaddr_in(local);
+    // SAFETY: binds our socket to a sockaddr_in that lives across the call, with its size.
+    if unsafe { libc::bind(fd, std::ptr::addr_of!(from).cast(), len) } != 0 {
+        return Err(ConnectError::Bind(io::Error::last_os_error()));
+    }
+    let to = sockaddr_in(remote);
+    // SAFETY: connects our socket to a sockaddr_in that lives across the call, with its size.
+    if unsafe { libc::connect(fd, std::ptr::addr_of!(to).cast(), len) } != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(ConnectError::Connect(e));
+        }
+    }
+    Ok(TcpStream::from_std(std::net::TcpStream::from(owned)))
+}
+
+/// A non-blocking connection to `addr` from `ip` and the highest free reserved port (1023
+/// down to 512); `Ok(None)` when this process may not bind reserved ports.
+fn connect_from_reserved(ip: Ipv4Addr, addr: SocketAddrV4) -> io::Result<Option<TcpStream>> {
+    for port in (RESERVED_MIN..PROT_SOCK).rev() {
+        match connect_bound(SocketAddrV4::new(ip, port), addr) {
+            Ok(s) => return Ok(Some(s)),
+            Err(ConnectError::Bind(e)) => match e.raw_os_error() {
                 Some(libc::EADDRINUSE) => continue,
                 Some(libc::EACCES | libc::EPERM) => return Ok(None),
                 _ => return Err(e),
+            },
+            // The 4-tuple is taken (a connection to the same peer from this port).
+            Err(ConnectError::Connect(e))
+                if matches!(e.raw_os_error(), Some(libc::EADDRNOTAVAIL | libc::EADDRINUSE)) =>
+            {
+                continue;
             }
+            Err(e) => return Err(e.into_io()),
         }
-        let remote = sockaddr_in(addr);
-        // SAFETY: connects our socket to a sockaddr_in that lives across the call, with its size.
-        let r = unsafe { libc::connect(fd, std::ptr::addr_of!(remote).cast(), len) };
-        if r != 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINPROGRESS) => {}
-                // The 4-tuple is taken (a connection to the same peer from this port).
-                Some(libc::EADDRNOTAVAIL | libc::EADDRINUSE) => continue,
-                _ => return Err(e),
-            }
-        }
-        return Ok(Some(TcpStream::from_std(std::net::TcpStream::from(owned))));
     }
     Err(io::Error::new(io::ErrorKind::AddrInUse, "every reserved port (512..1023) is in use"))
 }
@@ -779,9 +1297,12 @@ fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write as _;
+    use std::io::{Read as _, Write as _};
+    use std::os::fd::IntoRawFd as _;
 
     use super::*;
+
+    const HOST2: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 
     fn header(last: u8) -> FrameHeader {
         FrameHeader {
@@ -799,13 +1320,44 @@ mod tests {
         m
     }
 
-    fn learned() -> Arc<Mutex<HashMap<Ipv4Addr, PortAddr>>> {
-        Arc::new(Mutex::new(HashMap::new()))
+    fn learned() -> Arc<Mutex<Learned>> {
+        Arc::new(Mutex::new(Learned::new()))
     }
 
     fn channel(last: u8, peer_port: u16) -> SideChannel {
         let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
         SideChannel::bind(listen, peer_port, header(last), learned()).unwrap()
+    }
+
+    /// A frame from `ip` naming itself (GID `::ffff:ip`, LID 0xffff).
+    fn frame_from(ip: Ipv4Addr, tag: u8) -> [u8; FRAME_LEN] {
+        encode_frame(&FrameHeader { ip, gid: Gid::from_ipv4(ip), lid: 0xffff }, &mad(tag))
+    }
+
+    /// A blocking client socket connected (or connecting) to `to` from address `from`; its
+    /// reads and writes give up after 5 s.
+    fn client(from: Ipv4Addr, to: SocketAddr) -> std::net::TcpStream {
+        let SocketAddr::V4(to) = to else { panic!("the listener is IPv4") };
+        let s = connect_bound(SocketAddrV4::new(from, 0), to).unwrap_or_else(|e| panic!("connect: {e:?}"));
+        // SAFETY: `into_raw_fd` gives up the socket's only owner; the std stream takes it over.
+        let s = unsafe { std::net::TcpStream::from_raw_fd(s.into_raw_fd()) };
+        s.set_nonblocking(false).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        s
+    }
+
+    /// Runs `b` at the fixed time `now` until `done` holds (bounded: 250 rounds of at most
+    /// 20 ms).
+    fn settle(b: &mut SideChannel, now: Instant, mut done: impl FnMut(&mut SideChannel) -> bool) -> bool {
+        for _ in 0..250 {
+            b.progress(now).unwrap();
+            if done(b) {
+                return true;
+            }
+            wait(&[b.fd()], 20);
+        }
+        false
     }
 
     /// Waits (up to `ms`) for any of `fds` to be readable, without consuming anything.
@@ -896,7 +1448,7 @@ mod tests {
             got.len() == 5
         }));
         assert_eq!(got, vec![0, 1, 2, 3, 4], "one connection keeps order");
-        let learned = b.learned.lock().unwrap().get(&Ipv4Addr::LOCALHOST).copied();
+        let learned = b.learned.lock().unwrap().get(&Ipv4Addr::LOCALHOST);
         assert_eq!(learned, Some(PortAddr { gid: header(1).gid, lid: 0xffff }));
 
         b.send(Ipv4Addr::LOCALHOST, &mad(42));
@@ -1029,5 +1581,269 @@ mod tests {
             // SAFETY: closes the pipe ends this test owns, once.
             unsafe { libc::close(fd) };
         }
+    }
+
+    #[test]
+    fn the_sender_is_the_tcp_peer_or_no_one() {
+        let named = |ip| FrameHeader { ip, ..header(1) };
+        assert_eq!(frame_sender(&named(HOST2), HOST2), Ok(HOST2));
+        assert_eq!(frame_sender(&named(Ipv4Addr::UNSPECIFIED), HOST2), Ok(HOST2));
+        assert_eq!(
+            frame_sender(&named(Ipv4Addr::LOCALHOST), HOST2),
+            Err(FrameError::SenderMismatch { claimed: Ipv4Addr::LOCALHOST, peer: HOST2 })
+        );
+    }
+
+    #[test]
+    fn a_frame_naming_another_sender_is_dropped_and_teaches_nothing() {
+        let mut b = channel(2, 1);
+        let addr = b.local_addr().unwrap();
+        let now = Instant::from_secs(1);
+        let real = PortAddr { gid: Gid([2; 16]), lid: 2 };
+        assert_eq!(b.learned.lock().unwrap().learn(HOST2, real, now), Ok(None));
+
+        // From 127.0.0.1, posing as 127.0.0.2 with another GID and LID.
+        let mut liar = client(Ipv4Addr::LOCALHOST, addr);
+        let pose = FrameHeader { ip: HOST2, gid: Gid([9; 16]), lid: 9 };
+        liar.write_all(&encode_frame(&pose, &mad(1))).unwrap();
+        assert!(settle(&mut b, now, |b| b.stats().spoofed == 1));
+        assert!(b.recv().is_none(), "the frame was dropped");
+        assert_eq!(b.stats().received, 0);
+        assert_eq!(b.incoming, 0, "the connection was closed");
+        assert_eq!(liar.read(&mut [0u8; 1]).unwrap(), 0, "the liar sees EOF");
+        let learned = b.learned.lock().unwrap();
+        assert_eq!(learned.get(&HOST2), Some(real), "what 127.0.0.2 taught stays");
+        assert_eq!(learned.get(&Ipv4Addr::LOCALHOST), None);
+        assert_eq!(learned.ip_of_gid(&Gid([9; 16])), None);
+        drop(learned);
+
+        // The same host naming itself gets through.
+        let mut honest = client(Ipv4Addr::LOCALHOST, addr);
+        honest.write_all(&frame_from(Ipv4Addr::LOCALHOST, 2)).unwrap();
+        let mut got = None;
+        assert!(settle(&mut b, now, |b| {
+            got = b.recv();
+            got.is_some()
+        }));
+        assert_eq!(got, Some((Ipv4Addr::LOCALHOST, mad(2))));
+        assert_eq!(b.stats().spoofed, 1);
+    }
+
+    #[test]
+    fn outgoing_connections_leave_from_the_address_our_frames_name() {
+        // `a` is 127.0.0.2 (its frames say so) on a host that also has 127.0.0.1, the address
+        // the kernel would pick to reach 127.0.0.1: the sender check at `b` needs the bind.
+        let mut b = channel(1, 1);
+        let mut a = SideChannel::bind(
+            SocketAddr::from((HOST2, 0)),
+            b.local_addr().unwrap().port(),
+            FrameHeader { ip: HOST2, ..header(2) },
+            learned(),
+        )
+        .unwrap();
+        let mut now = Instant::from_secs(1);
+        a.send(Ipv4Addr::LOCALHOST, &mad(7));
+        let mut got = None;
+        assert!(pump(&mut a, &mut b, &mut now, 200, |_, b| {
+            got = b.recv();
+            got.is_some() || b.stats().spoofed > 0
+        }));
+        assert_eq!(got, Some((HOST2, mad(7))));
+        assert_eq!(b.stats().spoofed, 0);
+    }
+
+    #[test]
+    fn a_learned_gid_stays_indexed_to_its_live_holder() {
+        let mut l = Learned::new();
+        let t = Instant::from_secs(10);
+        let gid = Gid([7; 16]);
+        let one = Ipv4Addr::new(10, 0, 0, 1);
+        let two = Ipv4Addr::new(10, 0, 0, 2);
+        assert_eq!(l.learn(one, PortAddr { gid, lid: 1 }, t), Ok(None));
+        // Another address claiming the GID is learned under its own name only.
+        assert_eq!(l.learn(two, PortAddr { gid, lid: 2 }, t), Ok(Some(one)));
+        assert_eq!(l.ip_of_gid(&gid), Some(one));
+        assert_eq!(l.get(&one), Some(PortAddr { gid, lid: 1 }));
+        assert_eq!(l.get(&two), Some(PortAddr { gid, lid: 2 }));
+        // The holder's own frames keep it live...
+        let later = t + LEARNED_HOLD;
+        assert_eq!(l.learn(one, PortAddr { gid, lid: 1 }, later), Ok(None));
+        assert_eq!(l.learn(two, PortAddr { gid, lid: 2 }, later + Duration::from_secs(1)), Ok(Some(one)));
+        // ...and once it falls silent for LEARNED_HOLD the index moves.
+        let silent = later + LEARNED_HOLD + Duration::from_secs(1);
+        assert_eq!(l.learn(two, PortAddr { gid, lid: 2 }, silent), Ok(None));
+        assert_eq!(l.ip_of_gid(&gid), Some(two));
+        // An address changing its own GID frees the old one.
+        let other = Gid([8; 16]);
+        assert_eq!(l.learn(two, PortAddr { gid: other, lid: 2 }, silent), Ok(None));
+        assert_eq!(l.ip_of_gid(&gid), None);
+        assert_eq!(l.ip_of_gid(&other), Some(two));
+        assert_eq!(l.len(), 2);
+    }
+
+    #[test]
+    fn the_learned_table_makes_room_only_from_entries_no_longer_live() {
+        let mut l = Learned::with_max(3);
+        let t = Instant::from_secs(10);
+        let ip = |i: u8| Ipv4Addr::new(10, 0, 0, i);
+        let addr = |i: u8| PortAddr { gid: Gid([i; 16]), lid: u16::from(i) };
+        for i in 1..=3 {
+            assert_eq!(l.learn(ip(i), addr(i), t + Duration::from_secs(u64::from(i))), Ok(None));
+        }
+        // Full of live entries: a new address is refused, known ones still update.
+        let soon = t + Duration::from_secs(4);
+        assert_eq!(l.learn(ip(4), addr(4), soon), Err(LearnError::Full));
+        assert_eq!(l.learn(ip(2), addr(2), soon), Ok(None));
+        assert_eq!(l.len(), 3);
+        // Once the least recently heard (10.0.0.1) is no longer live, a new address takes its
+        // place; 10.0.0.3 is still live, so the next one is refused again.
+        let late = t + Duration::from_secs(1) + LEARNED_HOLD + Duration::from_secs(1);
+        assert_eq!(l.learn(ip(4), addr(4), late), Ok(None));
+        assert_eq!(l.get(&ip(1)), None);
+        assert_eq!(l.ip_of_gid(&addr(1).gid), None);
+        assert_eq!(l.get(&ip(4)), Some(addr(4)));
+        assert_eq!(l.learn(ip(5), addr(5), late), Err(LearnError::Full));
+        assert_eq!(l.len(), 3);
+    }
+
+    #[test]
+    fn a_connection_that_does_not_complete_a_frame_in_time_is_closed() {
+        let mut b = channel(2, 1);
+        let addr = b.local_addr().unwrap();
+        let t0 = Instant::from_secs(1);
+        let mut partial = client(Ipv4Addr::LOCALHOST, addr);
+        partial.write_all(&frame_from(Ipv4Addr::LOCALHOST, 1)[..100]).unwrap();
+        let mut silent = client(Ipv4Addr::LOCALHOST, addr);
+        let mut whole = client(Ipv4Addr::LOCALHOST, addr);
+        whole.write_all(&frame_from(Ipv4Addr::LOCALHOST, 2)).unwrap();
+        assert!(settle(&mut b, t0, |b| b.incoming == 3
+            && b.stats().received == 1
+            && b.conns.iter().any(|(_, c)| c.rx_len == 100)));
+
+        b.progress(t0 + FRAME_DEADLINE - Duration::from_secs(1)).unwrap();
+        assert_eq!((b.incoming, b.stats().frame_timeouts), (3, 0));
+        // Past the deadline: the partial frame and the connection that never sent one go.
+        b.progress(t0 + FRAME_DEADLINE + Duration::from_secs(1)).unwrap();
+        assert_eq!((b.incoming, b.stats().frame_timeouts), (1, 2));
+        assert_eq!(partial.read(&mut [0u8; 1]).unwrap(), 0);
+        assert_eq!(silent.read(&mut [0u8; 1]).unwrap(), 0);
+
+        // A connection between frames may idle; the first byte of a frame starts its clock.
+        let t1 = t0 + Duration::from_secs(20);
+        b.progress(t1).unwrap();
+        assert_eq!(b.incoming, 1);
+        whole.write_all(b"L").unwrap();
+        assert!(settle(&mut b, t1, |b| b.conns.iter().any(|(_, c)| c.rx_len == 1)));
+        b.progress(t1 + FRAME_DEADLINE - Duration::from_secs(1)).unwrap();
+        assert_eq!(b.incoming, 1);
+        b.progress(t1 + FRAME_DEADLINE + Duration::from_secs(1)).unwrap();
+        assert_eq!((b.incoming, b.stats().frame_timeouts), (0, 3));
+        assert_eq!(whole.read(&mut [0u8; 1]).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_new_connection_evicts_the_oldest_instead_of_being_refused() {
+        let mut b = channel(2, 1);
+        b.limits.in_conns = 3;
+        b.limits.in_per_ip = 2;
+        let addr = b.local_addr().unwrap();
+        let now = Instant::from_secs(1);
+        let open = |b: &mut SideChannel, from: Ipv4Addr, n: usize| {
+            let c = client(from, addr);
+            assert!(settle(b, now, |b| b.accept_seq == n as u64), "connection {n} accepted");
+            c
+        };
+        // One address at its cap: its own oldest goes.
+        let mut first = open(&mut b, Ipv4Addr::LOCALHOST, 1);
+        let _second = open(&mut b, Ipv4Addr::LOCALHOST, 2);
+        let _third = open(&mut b, Ipv4Addr::LOCALHOST, 3);
+        assert_eq!((b.incoming, b.stats().evicted), (2, 1));
+        assert_eq!(first.read(&mut [0u8; 1]).unwrap(), 0, "the oldest from 127.0.0.1 was closed");
+        // Every slot taken by idle connections: a newcomer still gets in, in place of the
+        // oldest (the second), and its frame is delivered.
+        let _fourth = open(&mut b, Ipv4Addr::new(127, 0, 0, 3), 4);
+        assert_eq!((b.incoming, b.stats().evicted), (3, 1));
+        let newcomer = Ipv4Addr::new(127, 0, 0, 4);
+        let mut fifth = open(&mut b, newcomer, 5);
+        assert_eq!((b.incoming, b.stats().evicted), (3, 2));
+        assert!(
+            b.in_by_ip.get(&Ipv4Addr::LOCALHOST).is_some_and(|k| k.len() == 1),
+            "the second went, the third stays"
+        );
+        fifth.write_all(&frame_from(newcomer, 5)).unwrap();
+        let mut got = None;
+        assert!(settle(&mut b, now, |b| {
+            got = b.recv();
+            got.is_some()
+        }));
+        assert_eq!(got, Some((newcomer, mad(5))));
+    }
+
+    #[test]
+    fn one_flooding_sender_drops_its_own_frames_not_others() {
+        let mut b = channel(2, 1);
+        let addr = b.local_addr().unwrap();
+        let now = Instant::from_secs(1);
+        let flood = 200;
+        let mut flooder = client(Ipv4Addr::LOCALHOST, addr);
+        let burst: Vec<u8> = (0..flood).flat_map(|i| frame_from(Ipv4Addr::LOCALHOST, i as u8)).collect();
+        flooder.write_all(&burst).unwrap();
+        assert!(settle(&mut b, now, |b| b.stats().received + b.stats().rx_peer_full == flood));
+        assert_eq!(b.stats().received, RX_PER_PEER_MAX as u64);
+        assert_eq!(b.stats().rx_peer_full, flood - RX_PER_PEER_MAX as u64);
+
+        let mut honest = client(HOST2, addr);
+        honest.write_all(&frame_from(HOST2, 99)).unwrap();
+        assert!(settle(&mut b, now, |b| b.stats().received == RX_PER_PEER_MAX as u64 + 1));
+        // Senders take turns: the honest MAD comes second, not after the flood.
+        let first_two: Vec<(Ipv4Addr, u8)> =
+            (0..2).filter_map(|_| b.recv()).map(|(ip, m)| (ip, m[255])).collect();
+        assert_eq!(first_two, vec![(Ipv4Addr::LOCALHOST, 0), (HOST2, 99)]);
+        let rest: Vec<u8> = std::iter::from_fn(|| b.recv()).map(|(_, m)| m[255]).collect();
+        assert_eq!(rest, (1..RX_PER_PEER_MAX as u8).collect::<Vec<_>>(), "the flooder's in order");
+    }
+
+    #[test]
+    fn a_full_receive_queue_pushes_out_the_longest_sender() {
+        let mut q = RxQueue::new(4, 8);
+        let ip = |i: u8| Ipv4Addr::new(10, 0, 0, i);
+        for i in 0..4 {
+            assert_eq!(q.push(ip(1), mad(i)), Ok(None));
+            assert_eq!(q.push(ip(2), mad(10 + i)), Ok(None));
+        }
+        assert_eq!(q.push(ip(1), mad(9)), Err(RxDrop::PeerQueueFull));
+        // Full: a newcomer displaces the newest MAD of a longest queue, one at a time.
+        assert_eq!(q.push(ip(3), mad(20)), Ok(Some(ip(2))));
+        assert_eq!(q.push(ip(3), mad(21)), Ok(Some(ip(1))));
+        // Now 3, 3 and 2: nobody is longer than the newcomer would be.
+        assert_eq!(q.push(ip(3), mad(22)), Err(RxDrop::QueueFull));
+        let order: Vec<(u8, u8)> =
+            std::iter::from_fn(|| q.pop()).map(|(a, m)| (a.octets()[3], m[255])).collect();
+        assert_eq!(order, vec![(1, 0), (2, 10), (3, 20), (1, 1), (2, 11), (3, 21), (1, 2), (2, 12)]);
+        assert!(q.is_empty());
+        assert!(q.by_len.is_empty() && q.order.is_empty() && q.by_ip.is_empty());
+    }
+
+    #[test]
+    fn a_connection_is_read_at_most_its_budget_per_progress() {
+        let mut b = channel(2, 1);
+        b.limits.read_budget = 4;
+        let addr = b.local_addr().unwrap();
+        let now = Instant::from_secs(1);
+        // Ten frames wait in the socket before the channel first looks.
+        let mut c = client(Ipv4Addr::LOCALHOST, addr);
+        let burst: Vec<u8> = (0..10).flat_map(|i| frame_from(Ipv4Addr::LOCALHOST, i)).collect();
+        c.write_all(&burst).unwrap();
+        assert!(settle(&mut b, now, |b| b.stats().received > 0));
+        assert_eq!(b.stats().received, 4, "one budget's worth");
+        assert_eq!(b.next_deadline(), Some(Instant::ZERO), "the rest is due at once");
+        b.progress(now).unwrap();
+        assert_eq!(b.stats().received, 8);
+        b.progress(now).unwrap();
+        assert_eq!(b.stats().received, 10);
+        b.progress(now).unwrap();
+        assert_ne!(b.next_deadline(), Some(Instant::ZERO));
+        let got: Vec<u8> = std::iter::from_fn(|| b.recv()).map(|(_, m)| m[255]).collect();
+        assert_eq!(got, (0..10).collect::<Vec<_>>());
     }
 }
