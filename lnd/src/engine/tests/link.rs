@@ -5,24 +5,16 @@ use std::time::Duration;
 
 use lnet_shim::buffer::Buffer;
 use lnet_shim::event::Errno;
-use lnet_shim::lnd::{Frag, LndSend};
+use lnet_shim::lnd::LndSend;
 
-use super::{Sim, filled, put_hdr, seed, settle_and_check, tunables};
+use super::{Sim, seed, settle_and_check, tunables};
 use crate::engine::LinkState;
 use crate::fabric::soft::FaultConfig;
 use crate::fabric::{Device, PortState};
 
-/// A PUT of `len` bytes from `a` to `b` as an `LndSend` (its sink posted at `b`).
+/// A PUT of `len` bytes from `a` to `b`, not sent yet (its sink posted at `b`).
 fn put_msg(sim: &Sim, a: usize, b: usize, tag: u64, len: usize) -> LndSend {
-    sim.nodes[b].lnet.post_sink(tag, vec![Frag::whole(Arc::new(Buffer::new(len)))], len);
-    let (from, to) = (sim.nodes[a].nid, sim.nodes[b].nid);
-    LndSend {
-        target: to,
-        hdr: put_hdr(from, to, tag, len),
-        payload: Frag::whole(filled(tag, len)).into(),
-        get_sink: None,
-        token: tag,
-    }
+    sim.put_msg(a, b, tag, len, &Arc::new(Buffer::new(len)), len)
 }
 
 fn errno_of(sim: &mut Sim, a: usize, tag: u64, max_steps: u64) -> Option<Errno> {

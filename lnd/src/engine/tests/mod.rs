@@ -305,16 +305,29 @@ impl Sim {
         sink: &Arc<Buffer>,
         cap: usize,
     ) {
+        let msg = self.put_msg(a, b, tag, len, sink, cap);
+        self.nodes[a].engine.send(self.now, msg).unwrap();
+    }
+
+    /// The PUT [`Sim::put_into`] sends, not sent yet (its sink is posted at `b`).
+    pub(crate) fn put_msg(
+        &self,
+        a: usize,
+        b: usize,
+        tag: u64,
+        len: usize,
+        sink: &Arc<Buffer>,
+        cap: usize,
+    ) -> LndSend {
         self.nodes[b].lnet.post_sink(tag, vec![Frag::whole(sink.clone())], cap);
         let (from, to) = (self.nodes[a].nid, self.nodes[b].nid);
-        let msg = LndSend {
+        LndSend {
             target: to,
             hdr: put_hdr(from, to, tag, len),
             payload: Frag::whole(filled(tag, len)).into(),
             get_sink: None,
             token: tag,
-        };
-        self.nodes[a].engine.send(self.now, msg).unwrap();
+        }
     }
 
     /// Runs for `d` of virtual time.
