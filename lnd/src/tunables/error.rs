@@ -117,8 +117,9 @@ impl fmt::Display for Warning {
 pub enum TunablesError {
     /// The parameter name is not a ko2iblnd parameter (current or obsolete).
     #[error(
-        "{at}: {}: unknown ko2iblnd parameter '{key}'{}{}",
+        "{at}: {}: unknown ko2iblnd parameter '{}'{}{}",
         kv(.key, .value),
+        shown(.key),
         did_you_mean(.suggestion),
         .at.continuation_note()
     )]
@@ -134,7 +135,7 @@ pub enum TunablesError {
     },
     /// An integer parameter's value is not an integer (the kernel's `kstrtoint` syntax: decimal,
     /// `0x` hexadecimal or leading-`0` octal, optional sign).
-    #[error("{at}: {key}={value}: not an integer{}", .at.continuation_note())]
+    #[error("{at}: {}={}: not an integer{}", shown(.key), shown(.value), .at.continuation_note())]
     InvalidInteger {
         /// Where.
         at: Location,
@@ -145,7 +146,12 @@ pub enum TunablesError {
     },
     /// A boolean parameter's value is not a boolean (`0`/`1`, any integer, `y`/`n`, `yes`/`no`,
     /// `true`/`false`, `on`/`off`).
-    #[error("{at}: {key}={value}: not a boolean (use 1 or 0){}", .at.continuation_note())]
+    #[error(
+        "{at}: {}={}: not a boolean (use 1 or 0){}",
+        shown(.key),
+        shown(.value),
+        .at.continuation_note()
+    )]
     InvalidBool {
         /// Where.
         at: Location,
@@ -155,7 +161,7 @@ pub enum TunablesError {
         value: String,
     },
     /// A string parameter's value is not acceptable (e.g. `ipif_name` is not an interface name).
-    #[error("{at}: {key}={value}: {reason}{}", .at.continuation_note())]
+    #[error("{at}: {}={}: {reason}{}", shown(.key), shown(.value), .at.continuation_note())]
     InvalidString {
         /// Where.
         at: Location,
@@ -169,7 +175,8 @@ pub enum TunablesError {
     /// A parameter that needs a value was written without one (`peer_credits`, `peer_credits=`,
     /// or `peer_credits = 32` with spaces).
     #[error(
-        "{at}: {key}: missing value (write {key}=VALUE, without spaces around '='){}",
+        "{at}: {}: missing value (write {key}=VALUE, without spaces around '='){}",
+        shown(.key),
         .at.continuation_note()
     )]
     MissingValue {
@@ -180,7 +187,11 @@ pub enum TunablesError {
     },
     /// The value is outside the range o2iblnd accepts, and o2iblnd refuses it (rather than
     /// clamping it), or it does not fit the kernel parameter's C type.
-    #[error("{at}: {key}={value}: out of range (allowed: {allowed}){}", .at.continuation_note())]
+    #[error(
+        "{at}: {key}={}: out of range (allowed: {allowed}){}",
+        shown(.value),
+        .at.continuation_note()
+    )]
     OutOfRange {
         /// Where.
         at: Location,
@@ -233,8 +244,9 @@ pub enum TunablesError {
     },
     /// The first word of a line is not a modprobe.d directive.
     #[error(
-        "{at}: unknown directive '{directive}' (expected options, alias, install, remove, \
+        "{at}: unknown directive '{}' (expected options, alias, install, remove, \
          softdep, weakdep, blacklist, include, config){}",
+        shown(.directive),
         .at.continuation_note()
     )]
     UnknownDirective {
@@ -242,6 +254,17 @@ pub enum TunablesError {
         at: Location,
         /// The word found.
         directive: String,
+    },
+    /// The file starts with a UTF-8 byte-order mark (U+FEFF, bytes EF BB BF, as some editors
+    /// save) and its first line is a directive. modprobe reads the mark as part of the first
+    /// word, does not recognise the directive and skips the line, so the file is refused here.
+    #[error(
+        "{at}: the file starts with a UTF-8 byte-order mark (bytes EF BB BF): modprobe would \
+         skip this first line as an unknown directive; save the file without it"
+    )]
+    ByteOrderMark {
+        /// Line 1.
+        at: Location,
     },
     /// The file is not UTF-8 text.
     #[error("{at}: not valid UTF-8 text")]
@@ -275,6 +298,7 @@ impl TunablesError {
             | TunablesError::DanglingContinuation { at }
             | TunablesError::MissingModuleName { at }
             | TunablesError::UnknownDirective { at, .. }
+            | TunablesError::ByteOrderMark { at }
             | TunablesError::NotUtf8 { at } => Some(at),
             TunablesError::Io { .. } => None,
         }
@@ -295,12 +319,36 @@ impl TunablesError {
     }
 }
 
-/// `key` or `key=value`.
+/// `key` or `key=value`, as [`shown`].
 fn kv(key: &str, value: &Option<String>) -> String {
     match value {
-        Some(v) => format!("{key}={v}"),
-        None => key.to_owned(),
+        Some(v) => format!("{}={}", shown(key), shown(v)),
+        None => shown(key),
     }
+}
+
+/// `text` with the characters a terminal does not show, or shows as a plain space, written as
+/// escapes (`\u{a0}`, `\t`), so that a message about a word holding one says why: a no-break
+/// space pasted between two parameters, a zero-width space or a byte-order mark in a name.
+pub(crate) fn shown(text: &str) -> String {
+    let invisible = |c: char| {
+        c.is_control()
+            || (c.is_whitespace() && c != ' ')
+            || matches!(
+                c,
+                '\u{ad}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}'
+                    | '\u{2060}'..='\u{2064}' | '\u{feff}'
+            )
+    };
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            c if !invisible(c) => out.push(c),
+            c if c.is_ascii() => out.extend(c.escape_default()),
+            c => out.extend(c.escape_unicode()),
+        }
+    }
+    out
 }
 
 fn did_you_mean(suggestion: &Option<&'static str>) -> String {

@@ -146,7 +146,8 @@ pub struct Tunables {
     /// Seconds without news before LNet declares a peer (router) dead; 0 disables. Default
     /// 180; negative treated as 0.
     pub peer_timeout: u32,
-    /// Router buffer credits per peer; 0 uses LNet's default. Default 0; negative refused.
+    /// Router buffer credits per peer; 0 uses LNet's default. Default 0; negative treated as 0
+    /// (LNet uses the value only when it is above 0).
     pub peer_buffer_credits: u32,
     /// Failover between bonded HCAs: 0 off, 1 on, 2 forced (debugging). Default 0; other
     /// values refused.

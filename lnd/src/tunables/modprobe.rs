@@ -13,7 +13,7 @@
 //!   outer quotes.
 
 use super::LnetOption;
-use super::error::{Location, TunablesError, Warning, WarningKind};
+use super::error::{Location, TunablesError, Warning, WarningKind, shown};
 use super::params::{self, CInt, Kind, Param, Setting, Settings, Value};
 
 /// Directives kmod knows that this implementation skips with a warning.
@@ -62,6 +62,13 @@ impl<'a> Reader<'a> {
 
     /// Reads `text`, stopping at the first error.
     pub(crate) fn read(&mut self, text: &str) -> Result<(), TunablesError> {
+        // A byte-order mark (some editors write one) is harmless before a blank or comment
+        // line; before a directive modprobe would take it as part of the directive's name and
+        // skip the line, so that is refused (see `directive`).
+        let (text, bom) = match text.strip_prefix('\u{feff}') {
+            Some(rest) => (rest, true),
+            None => (text, false),
+        };
         let mut cur: Option<Logical> = None;
         // Open quote carried over a continuation: (quote char, line where it opened).
         let mut quote: Option<(char, usize)> = None;
@@ -101,6 +108,9 @@ impl<'a> Reader<'a> {
                     at: self.loc(opened, logical.start_line()),
                     quote: q,
                 });
+            }
+            if bom && logical.start_line() == 1 && !split_words(&logical.text).is_empty() {
+                return Err(TunablesError::ByteOrderMark { at: self.loc(1, 1) });
             }
             self.directive(&logical)?;
         }
@@ -144,8 +154,9 @@ impl<'a> Reader<'a> {
                         Some(at(mod_at)),
                         WarningKind::Ignored,
                         format!(
-                            "options for module '{module}' ignored (only ko2iblnd and lnet \
-                             options are read)"
+                            "options for module '{}' ignored (only ko2iblnd and lnet options \
+                             are read)",
+                            shown(&module)
                         ),
                     )),
                 }

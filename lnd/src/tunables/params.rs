@@ -478,8 +478,9 @@ impl Rules<'_> {
             self.uint_in(P::ConnsPerPeer, 0, i64::from(CONNS_PER_PEER_MAX), "1..=127 (0 means 1)")?;
         let wrq_sge = self.uint_in(P::WrqSge, 1, INT_MAX, "1..=2147483647")?;
         let peer_timeout = self.int_or_zero(P::PeerTimeout, "peer death detection disabled")?;
-        let peer_buffer_credits =
-            self.uint_in(P::PeerBufferCredits, 0, INT_MAX, "0 (LNet's default) or 1..=2147483647")?;
+        // LNet uses a per-peer router buffer credit count only when it is above 0
+        // (`lnet_peer_buffer_credits`): 0 and negatives alike mean its default.
+        let peer_buffer_credits = self.int_or_zero(P::PeerBufferCredits, "LNet's default")?;
         let dev_failover =
             self.uint_in(P::DevFailover, 0, 2, "0 (off), 1 (on) or 2 (forced, for debugging)")?;
         let tos = self.int_in(P::Tos, -1, 255, "-1 (unset) or 0..=255")?;

@@ -512,7 +512,6 @@ fn refused_values_are_out_of_range() {
         "timeout=-1",
         "fmr_pool_size=-1",
         "fmr_flush_trigger=-1",
-        "peer_buffer_credits=-1",
         "peer_credits=2147483648",
         "peer_credits_hiw=-2147483649",
         "keepalive=0x80000000",
@@ -581,6 +580,94 @@ fn unknown_directive() {
     assert_eq!(line(&e), 2);
     let e = err("peer_credits=32\n");
     assert!(matches!(e, TunablesError::UnknownDirective { .. }));
+}
+
+/// LNet gives a per-peer router buffer count only when it is above 0 (`lnet_peer_buffer_credits`
+/// falls back to its default for 0 and for negatives): a kernel node takes
+/// `peer_buffer_credits=-1` as the default, so this implementation must not refuse it.
+#[test]
+fn negative_peer_buffer_credits_mean_lnets_default_as_in_lnet() {
+    let c = parse("options ko2iblnd peer_buffer_credits=-1\n");
+    assert_eq!(c.tunables.peer_buffer_credits, 0);
+    assert_eq!(kinds(&c.warnings), [WarningKind::Clamped]);
+    assert_eq!(
+        c.warnings[0].to_string(),
+        format!("{SRC}:1: peer_buffer_credits=-1 treated as 0 (LNet's default)")
+    );
+    assert_eq!(parse("options ko2iblnd peer_buffer_credits=16").tunables.peer_buffer_credits, 16);
+}
+
+/// A file saved with a UTF-8 byte-order mark: before a directive the mark is invisible in the
+/// message and modprobe would skip that line, so the refusal must say what it is; before a
+/// comment or a blank line it is harmless.
+#[test]
+fn a_byte_order_mark_is_named_before_a_directive_and_harmless_before_a_comment() {
+    for text in [
+        "\u{feff}options ko2iblnd peer_credits=32\n",
+        "\u{feff}options ko2iblnd \\\n  peer_credits=32\n",
+        "\u{feff}   options ko2iblnd peer_credits=32\r\n",
+    ] {
+        let e = err(text);
+        assert!(matches!(e, TunablesError::ByteOrderMark { .. }), "{text:?}: {e:?}");
+        assert_eq!(line(&e), 1, "{text:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{SRC}:1: the file starts with a UTF-8 byte-order mark (bytes EF BB BF): modprobe \
+                 would skip this first line as an unknown directive; save the file without it"
+            )
+        );
+    }
+    for text in [
+        "\u{feff}# ko2iblnd\noptions ko2iblnd peer_credits=32\n",
+        "\u{feff}\noptions ko2iblnd peer_credits=32\n",
+    ] {
+        let c = parse(text);
+        assert_eq!(c.tunables.peer_credits, 32, "{text:?}");
+        assert!(c.warnings.is_empty(), "{text:?}: {:?}", c.warnings);
+    }
+    // Only at the very start: further in, it is an ordinary (invisible) character, shown.
+    let e = err("# c\n\u{feff}options ko2iblnd peer_credits=32\n");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "{SRC}:2: unknown directive '\\u{{feff}}options' (expected options, alias, install, \
+             remove, softdep, weakdep, blacklist, include, config)"
+        )
+    );
+}
+
+/// A no-break space or a tab inside a word looks like a plain blank in a terminal: the message
+/// writes such characters as escapes, so it says why `16 ntx=512` is not an integer.
+#[test]
+fn messages_show_invisible_characters_as_escapes() {
+    let cases = [
+        ("options ko2iblnd peer_credits=16\u{a0}ntx=512", "peer_credits=16\\u{a0}ntx=512: not an integer"),
+        ("options ko2iblnd cksum=\"1\t\"", "cksum=\"1\\t\": not a boolean (use 1 or 0)"),
+        (
+            "options ko2iblnd peer_\u{200b}credits=16",
+            "peer_\\u{200b}credits=16: unknown ko2iblnd parameter 'peer_\\u{200b}credits' (did you mean \
+             'peer_credits'?)",
+        ),
+        (
+            "options ko2iblnd ipif_name=\"ib\u{a0}0\"",
+            "ipif_name=\"ib\\u{a0}0\": interface name contains a character Linux or LNet does not allow \
+             (whitespace, / \" ' # \\ , ( ) =)",
+        ),
+    ];
+    for (text, message) in cases {
+        assert_eq!(err(text).to_string(), format!("{SRC}:1: {message}"), "{text:?}");
+    }
+    // Visible text, however unusual, is left as written.
+    assert_eq!(
+        err("options ko2iblnd peer_credits=é").to_string(),
+        format!("{SRC}:1: peer_credits=é: not an integer")
+    );
+    let c = parse("options ko2iblnd\u{a0}x peer_credits=16");
+    assert_eq!(
+        c.warnings[0].message,
+        "options for module 'ko2iblnd\\u{a0}x' ignored (only ko2iblnd and lnet options are read)"
+    );
 }
 
 #[test]
@@ -727,10 +814,14 @@ fn concurrent_sends_is_kept_between_half_and_twice_q() {
 
 #[test]
 fn values_o2iblnd_reads_as_off_or_auto() {
-    let c = parse("options ko2iblnd keepalive=-1 nscheds=-2 peer_timeout=-1 conns_per_peer=0");
+    let c = parse(
+        "options ko2iblnd keepalive=-1 nscheds=-2 peer_timeout=-1 conns_per_peer=0 \
+         peer_buffer_credits=-1",
+    );
     let t = &c.tunables;
     assert_eq!((t.keepalive, t.nscheds, t.peer_timeout, t.conns_per_peer), (0, 0, 0, 1));
-    assert_eq!(kinds(&c.warnings), [WarningKind::Clamped; 4]);
+    assert_eq!(t.peer_buffer_credits, 0);
+    assert_eq!(kinds(&c.warnings), [WarningKind::Clamped; 5]);
     let msgs: Vec<&str> = c.warnings.iter().map(|w| w.message.as_str()).collect();
     assert_eq!(
         msgs,
@@ -738,6 +829,7 @@ fn values_o2iblnd_reads_as_off_or_auto() {
             "keepalive=-1 treated as 0 (keepalives disabled)",
             "nscheds=-2 treated as 0 (automatic: one scheduler thread)",
             "peer_timeout=-1 treated as 0 (peer death detection disabled)",
+            "peer_buffer_credits=-1 treated as 0 (LNet's default)",
             "conns_per_peer=0 raised to 1",
         ]
     );
