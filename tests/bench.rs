@@ -197,9 +197,19 @@ fn bad_arguments_give_one_line_and_exit_2() {
         assert_eq!(o.stderr.trim().lines().count(), 1, "{args:?}: {o:?}");
         assert!(o.stderr.starts_with("lnd-bench: "), "{args:?}: {o:?}");
     }
+    // A size out of range is refused with the arguments, quoted as typed.
     let o = spawn(BIN, &["ping", "--to", "127.0.0.1@o2ib", "--size", "5000"]).wait(Duration::from_secs(20));
-    assert_eq!(o.code, Some(1), "{o:?}");
-    assert!(o.stderr.contains("at most"), "{o:?}");
+    assert_eq!(o.code, Some(2), "{o:?}");
+    assert!(o.stderr.contains("invalid value '5000' for '--size <SIZE>': must be 0 to 4K"), "{o:?}");
+    let o = spawn(BIN, &["brw", "--to", "127.0.0.1@o2ib", "--op", "read", "--size", "5G"])
+        .wait(Duration::from_secs(20));
+    assert_eq!(o.code, Some(2), "{o:?}");
+    assert!(o.stderr.contains("invalid value '5G' for '--size <SIZE>': must be 1 to 16M"), "{o:?}");
+    // No command at all: one line naming the commands (it was the tool's description).
+    let o = spawn(BIN, &[]).wait(Duration::from_secs(20));
+    assert_eq!(o.code, Some(2), "{o:?}");
+    assert_eq!(o.stderr.trim().lines().count(), 1, "{o:?}");
+    assert!(o.stderr.starts_with("lnd-bench: no command given: one of server, brw, ping, local"), "{o:?}");
     // The line names what is wrong: the missing argument, the value out of range.
     let o = spawn(BIN, &["brw", "--to", "127.0.0.1@o2ib"]).wait(Duration::from_secs(20));
     assert_eq!(o.code, Some(2), "{o:?}");

@@ -186,16 +186,44 @@ pub fn run(args: &LocalArgs) -> Result<(), String> {
         }
         Ok(())
     } else {
-        let first = rows
-            .iter()
-            .find_map(|r| r.run.first_error.clone())
-            .unwrap_or_else(|| "some RPCs failed".to_owned());
-        Err(format!("verification failed: {first}"))
+        Err(failure(&rows))
     }
+}
+
+/// What went wrong in a matrix that did not pass: "verification failed" only when data was
+/// found corrupt; a transport error or a timeout is named with the test it stopped.
+pub fn failure(rows: &[Row]) -> String {
+    let bad = rows.iter().find(|r| r.run.errors > 0 || r.run.corrupt > 0 || r.run.rpcs == 0);
+    let Some(r) = bad else { return "some RPCs failed".to_owned() };
+    let x = &r.run;
+    let label = format!("{} {} c{}", report::op_name(x.op), report::size_name(x.size), x.concurrency);
+    match (&x.first_error, x.corrupt > 0) {
+        (Some(e), true) => format!("verification failed in {label}: {e}"),
+        (None, true) => format!("verification failed in {label}: {} RPCs corrupt", x.corrupt),
+        (Some(e), false) => format!("{label} failed: {e}"),
+        (None, false) => format!("{label}: no RPC completed"),
+    }
+}
+
+/// The server and client NIDs must be two NIDs of one network: the same NID would make both
+/// bind one address (and the client's own NID never leaves its process), and lnd-bench routes
+/// nothing between networks.
+pub fn check_nids(server: Nid, client: Nid) -> Result<(), String> {
+    if server == client {
+        return Err(format!(
+            "--server and --client are both {server}: the two processes need a NID each (the \
+             defaults are 127.0.0.1@o2ib and 127.0.0.2@o2ib)"
+        ));
+    }
+    if server.net() != client.net() {
+        return Err(crate::different_networks("--server", server, "--client", client));
+    }
+    Ok(())
 }
 
 /// Starts the server process and the client node and runs `matrix`; (rows, all verified).
 pub fn measure_matrix(args: &LocalArgs, matrix: &[Case]) -> Result<(Vec<Row>, bool), String> {
+    check_nids(args.server, args.client)?;
     for c in matrix {
         crate::fits_in_memory(c.size, c.concurrency)?;
     }
@@ -236,4 +264,55 @@ pub fn measure_matrix(args: &LocalArgs, matrix: &[Case]) -> Result<(Vec<Row>, bo
     node.shutdown();
     server.stop();
     Ok((rows, ok))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::RunResult;
+    use crate::report::Counters;
+
+    fn row(op: Op, rpcs: u64, errors: u64, corrupt: u64, first_error: Option<&str>) -> Row {
+        Row {
+            run: RunResult {
+                op,
+                check: Check::Full,
+                size: 4096,
+                concurrency: 8,
+                rpcs,
+                bytes: rpcs * 4096,
+                secs: 1.0,
+                latency: hdrhistogram::Histogram::new(3).unwrap(),
+                errors,
+                corrupt,
+                first_error: first_error.map(str::to_owned),
+            },
+            counters: Counters::default(),
+        }
+    }
+
+    /// A transport error was reported as "verification failed: cannot send the request ...".
+    #[test]
+    fn a_failed_matrix_says_which_test_failed_and_how() {
+        let sent = "cannot send the request: no network interface reaches 12345-127.0.0.1@o2ib";
+        let rows = [row(Op::BrwWrite, 100, 0, 0, None), row(Op::BrwRead, 0, 8, 0, Some(sent))];
+        assert_eq!(failure(&rows), format!("brw read 4K c8 failed: {sent}"));
+        let rows = [row(Op::BrwRead, 10, 0, 1, Some("read data failed verification"))];
+        assert_eq!(failure(&rows), "verification failed in brw read 4K c8: read data failed verification");
+        assert_eq!(failure(&[row(Op::BrwWrite, 0, 0, 0, None)]), "brw write 4K c8: no RPC completed");
+    }
+
+    /// `--server X --client X` failed with "another LND or lnd-bench on this host holds UDP port
+    /// 4791 ... stop it", the other being its own server; `--client` on another network failed
+    /// every RPC with "verification failed".
+    #[test]
+    fn server_and_client_need_two_nids_of_one_network() {
+        let nid = |s: &str| s.parse::<Nid>().unwrap();
+        let e = check_nids(nid("127.0.0.1@o2ib"), nid("127.0.0.1@o2ib")).unwrap_err();
+        assert!(e.starts_with("--server and --client are both 127.0.0.1@o2ib: "), "{e}");
+        let e = check_nids(nid("127.0.0.1@o2ib"), nid("127.0.0.2@o2ib1")).unwrap_err();
+        assert!(e.contains("are on different LNet networks"), "{e}");
+        check_nids(nid("127.0.0.1@o2ib"), nid("127.0.0.2@o2ib")).unwrap();
+        check_nids(nid("127.0.0.1@o2ib3"), nid("127.0.0.5@o2ib3")).unwrap();
+    }
 }

@@ -80,8 +80,8 @@ enum Cmd {
         /// read: the server PUTs into our buffer; write: the server GETs from it.
         #[arg(long, value_enum)]
         op: BrwOp,
-        /// Bytes per RPC: 4K..1M (up to 16M accepted).
-        #[arg(long, default_value = "4K", value_parser = parse_size)]
+        /// Bytes per RPC: 4K..1M (1 byte to 16M accepted).
+        #[arg(long, default_value = "4K", value_parser = parse_brw_size)]
         size: usize,
         /// RPCs in flight (1 or more).
         #[arg(long, default_value_t = 1, value_parser = parse_concurrency)]
@@ -102,7 +102,7 @@ enum Cmd {
         #[command(flatten)]
         target: Target,
         /// Payload bytes each way: 0..4K.
-        #[arg(long, default_value = "8", value_parser = parse_size)]
+        #[arg(long, default_value = "8", value_parser = parse_ping_size)]
         size: usize,
         /// Pings in flight (1 or more).
         #[arg(long, default_value_t = 1, value_parser = parse_concurrency)]
@@ -124,7 +124,7 @@ enum Cmd {
     /// with no LND or LNet above it: the floor under `ping` (like perftest's ib_send_lat).
     FabricPing {
         /// Bytes per SEND: 8..4K (the first 8 are a sequence number the echo must carry).
-        #[arg(long, default_value = "8", value_parser = parse_size)]
+        #[arg(long, default_value = "8", value_parser = parse_fabric_ping_size)]
         size: usize,
         /// Seconds to ping.
         #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
@@ -182,8 +182,8 @@ struct HowLong {
     /// Run for this many seconds (default 10).
     #[arg(long, conflicts_with = "count", value_parser = parse_seconds)]
     duration: Option<f64>,
-    /// Run this many RPCs.
-    #[arg(long)]
+    /// Run this many RPCs (1 or more).
+    #[arg(long, value_parser = parse_count)]
     count: Option<u64>,
     /// Fail an RPC that has not completed after this many seconds.
     #[arg(long, default_value_t = 60.0, value_parser = parse_seconds)]
@@ -209,7 +209,44 @@ fn parse_size(s: &str) -> Result<usize, String> {
     n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
 }
 
-/// `--concurrency`: RPCs in flight, at least one (lst's `--concurrency` starts at 1 too).
+/// A [`parse_size`] in `lo..=hi`: out of range is an argument error that quotes the value as
+/// typed (`invalid value '5G' for '--size <SIZE>': must be 1 to 16M`), not its byte count.
+fn size_within(s: &str, lo: usize, hi: usize) -> Result<usize, String> {
+    let n = parse_size(s)?;
+    if (lo..=hi).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("must be {} to {}", report::size_name(lo), report::size_name(hi)))
+    }
+}
+
+/// brw `--size`: bulk bytes per RPC, 1 byte to 16M.
+fn parse_brw_size(s: &str) -> Result<usize, String> {
+    size_within(s, 1, BRW_MAX_SIZE)
+}
+
+/// ping `--size`: payload bytes each way, at most [`proto::MAX_PING`].
+fn parse_ping_size(s: &str) -> Result<usize, String> {
+    size_within(s, 0, proto::MAX_PING)
+}
+
+/// fabric-ping `--size`: bytes per SEND, [`fabricping::MIN_SIZE`] to [`fabricping::MAX_SIZE`].
+fn parse_fabric_ping_size(s: &str) -> Result<usize, String> {
+    size_within(s, fabricping::MIN_SIZE, fabricping::MAX_SIZE)
+}
+
+/// The largest brw `--size`.
+const BRW_MAX_SIZE: usize = 16 << 20;
+
+/// `--count`: RPCs to run, at least one (none would measure nothing and fail the run).
+fn parse_count(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{s}' is not a number of RPCs")),
+    }
+}
+
 /// A number of seconds: finite and above zero (at most a year).
 fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
@@ -219,6 +256,7 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// `--concurrency`: RPCs in flight, at least one (lst's `--concurrency` starts at 1 too).
 fn parse_concurrency(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(0) => Err("must be at least 1".to_owned()),
@@ -314,6 +352,9 @@ pub fn measure(node: &Node, spec: &RunSpec, label: &str) -> Row {
 
 fn run_client(target: &Target, common: &Common, mut spec: RunSpec, json: bool) -> Result<bool, String> {
     let nid = target.nid.unwrap_or_else(|| default_nid(target.to));
+    if nid.net() != target.to.net() {
+        return Err(different_networks("--to", target.to, "--nid", nid));
+    }
     if nid == target.to {
         // LNet keeps a message to one of its own NIDs inside the process (the lo LND's job),
         // and no server runs in this one: every RPC would wait out its timeout.
@@ -348,6 +389,17 @@ fn run_client(target: &Target, common: &Common, mut spec: RunSpec, json: bool) -
         return Err(format!("{} RPCs completed, {} corrupt", row.run.rpcs, row.run.corrupt));
     }
     Ok(true)
+}
+
+/// Why a client on `client` cannot reach a server on `server`: lnd-bench routes nothing, so
+/// both must be on one LNet network.
+pub fn different_networks(server_arg: &str, server: Nid, client_arg: &str, client: Nid) -> String {
+    format!(
+        "{server_arg} {server} and {client_arg} {client} are on different LNet networks ({} and {}): \
+         with no router between them no RPC can pass; put both on one network",
+        server.net(),
+        client.net()
+    )
 }
 
 /// The first error, with a hint when nothing ever got through: when the peer did not answer,
@@ -423,9 +475,6 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::Brw { target, op, size, concurrency, check, how_long: h, common, json } => {
-            if !(1..=16 << 20).contains(&size) {
-                return Err(format!("--size {size}: must be 1 byte to 16M"));
-            }
             fits_in_memory(size, concurrency)?;
             let (duration, count) = how_long(&h);
             let spec = RunSpec {
@@ -445,9 +494,6 @@ fn run(cli: Cli) -> Result<(), String> {
             run_client(&target, &common, spec, json).map(|_| ())
         }
         Cmd::Ping { target, size, concurrency, how_long: h, common, json } => {
-            if size > proto::MAX_PING {
-                return Err(format!("--size {size}: a ping carries at most {} bytes", proto::MAX_PING));
-            }
             let (duration, count) = how_long(&h);
             let spec = RunSpec {
                 op: Op::Ping,
@@ -495,6 +541,21 @@ fn one_line(text: &str) -> String {
     if under.is_empty() { first.to_owned() } else { format!("{first} {}", under.join(", ")) }
 }
 
+/// The one line printed for a command line clap refused.
+fn argument_error(e: &clap::Error) -> String {
+    if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        // No command at all: clap's "error" is the whole help, whose first line is the tool's
+        // description, which read as an error says nothing.
+        let commands: Vec<String> = <Cli as clap::CommandFactory>::command()
+            .get_subcommands()
+            .filter(|c| !c.is_hide_set())
+            .map(|c| c.get_name().to_owned())
+            .collect();
+        return format!("no command given: one of {} (see lnd-bench --help)", commands.join(", "));
+    }
+    format!("{} (see lnd-bench --help)", one_line(&e.render().to_string()))
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -504,7 +565,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            eprintln!("lnd-bench: {} (see lnd-bench --help)", one_line(&e.render().to_string()));
+            eprintln!("lnd-bench: {}", argument_error(&e));
             return ExitCode::from(2);
         }
     };
@@ -514,5 +575,99 @@ fn main() -> ExitCode {
             eprintln!("lnd-bench: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(args: &[&str]) -> String {
+        let mut all = vec!["lnd-bench"];
+        all.extend(args);
+        match Cli::try_parse_from(&all) {
+            Ok(_) => panic!("{args:?} accepted"),
+            Err(e) => argument_error(&e),
+        }
+    }
+
+    /// `lnd-bench` alone printed its own description as the error
+    /// ("lnd-bench: lnet_selftest-style bandwidth and latency tests ...").
+    #[test]
+    fn no_command_says_so_and_lists_the_commands() {
+        assert_eq!(
+            refused(&[]),
+            "no command given: one of server, brw, ping, local, compare, fabric-ping, line-ping \
+             (see lnd-bench --help)"
+        );
+    }
+
+    /// `--count 0` ran nothing and then failed with "0 RPCs completed, 0 corrupt".
+    #[test]
+    fn a_count_of_zero_is_refused_with_the_arguments() {
+        for cmd in
+            [&["brw", "--to", "127.0.0.1@o2ib", "--op", "read"][..], &["ping", "--to", "127.0.0.1@o2ib"]]
+        {
+            let mut args = cmd.to_vec();
+            args.extend(["--count", "0"]);
+            assert_eq!(
+                refused(&args),
+                "invalid value '0' for '--count <COUNT>': must be at least 1 (see lnd-bench --help)"
+            );
+        }
+        let ok = Cli::try_parse_from(["lnd-bench", "ping", "--to", "127.0.0.1@o2ib", "--count", "1"]);
+        assert!(ok.is_ok());
+    }
+
+    /// A size out of range names the value as typed: `--size 5G` was reported as
+    /// "--size 5368709120: must be 1 byte to 16M".
+    #[test]
+    fn sizes_out_of_range_are_refused_as_typed() {
+        let brw = |size: &str| refused(&["brw", "--to", "127.0.0.1@o2ib", "--op", "read", "--size", size]);
+        assert_eq!(
+            brw("5G"),
+            "invalid value '5G' for '--size <SIZE>': must be 1 to 16M (see lnd-bench --help)"
+        );
+        assert_eq!(
+            brw("0"),
+            "invalid value '0' for '--size <SIZE>': must be 1 to 16M (see lnd-bench --help)"
+        );
+        assert_eq!(
+            brw("1.5M"),
+            "invalid value '1.5M' for '--size <SIZE>': '1.5M' is not a size (e.g. 4K, 64K, 1M) \
+             (see lnd-bench --help)"
+        );
+        assert_eq!(
+            refused(&["ping", "--to", "127.0.0.1@o2ib", "--size", "5000"]),
+            "invalid value '5000' for '--size <SIZE>': must be 0 to 4K (see lnd-bench --help)"
+        );
+        assert_eq!(
+            refused(&["fabric-ping", "--size", "7"]),
+            "invalid value '7' for '--size <SIZE>': must be 8 to 4K (see lnd-bench --help)"
+        );
+        for (args, size) in [
+            (&["brw", "--to", "127.0.0.1@o2ib", "--op", "read", "--size", "16M"][..], 16 << 20),
+            (&["brw", "--to", "127.0.0.1@o2ib", "--op", "read", "--size", "1"], 1),
+            (&["ping", "--to", "127.0.0.1@o2ib", "--size", "0"], 0),
+            (&["ping", "--to", "127.0.0.1@o2ib", "--size", "4K"], 4096),
+        ] {
+            let mut all = vec!["lnd-bench"];
+            all.extend(args);
+            let got = match Cli::try_parse_from(&all).map(|c| c.cmd) {
+                Ok(Cmd::Brw { size, .. } | Cmd::Ping { size, .. }) => size,
+                _ => panic!("{args:?} refused"),
+            };
+            assert_eq!(got, size, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn different_networks_are_named() {
+        let (s, c): (Nid, Nid) = ("127.0.0.1@o2ib".parse().unwrap(), "127.0.0.2@o2ib1".parse().unwrap());
+        assert_eq!(
+            different_networks("--to", s, "--nid", c),
+            "--to 127.0.0.1@o2ib and --nid 127.0.0.2@o2ib1 are on different LNet networks (o2ib0 and \
+             o2ib1): with no router between them no RPC can pass; put both on one network"
+        );
     }
 }

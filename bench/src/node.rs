@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use lnd::driver::{Driver, DriverConfig, DriverStats, FabricChoice};
 use lnd::fabric::soft::SoftConfig;
-use lnd::tunables::Tunables;
+use lnd::tunables::{ParsedConfig, Tunables};
 use lnet_shim::lnd::Lnd;
 use lnet_shim::nid::{Nid, ProcessId};
 use lnet_shim::parse_networks;
@@ -60,25 +60,35 @@ pub fn load_tunables(path: Option<&str>, nids: &[Nid], warn: bool) -> Result<Tun
             Tunables::parse_str("conf/ko2iblnd.conf (built in)", DEFAULT_CONF).map_err(|e| e.to_string())?
         }
     };
-    let (Some(path), true) = (path, warn) else { return Ok(parsed.tunables) };
-    for w in &parsed.warnings {
-        eprintln!("lnd-bench: warning: {w}");
-    }
-    if let Some(value) = parsed.lnet_option("networks").and_then(|o| o.value.as_deref()) {
-        match parse_networks(value) {
-            Err(e) => eprintln!("lnd-bench: warning: {path}: options lnet {e}; lnd-bench uses --nid"),
-            Ok(nets) => {
-                for nid in nids.iter().filter(|n| !nets.iter().any(|s| s.net == n.net())) {
-                    eprintln!(
-                        "lnd-bench: warning: {path}: options lnet networks=\"{value}\" does not include {} \
-                         (the network of {nid}); lnd-bench runs on the NID it is given",
-                        nid.net()
-                    );
-                }
-            }
+    if path.is_some() && warn {
+        for w in file_warnings(&parsed, nids) {
+            eprintln!("lnd-bench: warning: {w}");
         }
     }
     Ok(parsed.tunables)
+}
+
+/// The warnings of a tunables file: its own, then one for each of `nids` whose network its
+/// `options lnet networks=` leaves out, each at `file:line`.
+fn file_warnings(parsed: &ParsedConfig, nids: &[Nid]) -> Vec<String> {
+    let mut out: Vec<String> = parsed.warnings.iter().map(ToString::to_string).collect();
+    let Some((at, value)) = parsed.lnet_option("networks").and_then(|o| Some((&o.at, o.value.as_deref()?)))
+    else {
+        return out;
+    };
+    match parse_networks(value) {
+        Err(e) => out.push(format!("{at}: options lnet {e}; lnd-bench uses --nid")),
+        Ok(nets) => {
+            for nid in nids.iter().filter(|n| !nets.iter().any(|s| s.net == n.net())) {
+                out.push(format!(
+                    "{at}: options lnet networks=\"{value}\" does not include {} (the network of \
+                     {nid}); lnd-bench runs on the NID it is given",
+                    nid.net()
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// The start error, with what to do about the two common cases of the software fabric: its
@@ -158,5 +168,30 @@ impl Node {
     /// Stops LNet and the LND.
     pub fn shutdown(&self) {
         self.lnet.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `networks=` warnings named the file without its line ("x.conf: options lnet ..."),
+    /// unlike every other warning of the file.
+    #[test]
+    fn network_warnings_name_the_line() {
+        let text = "# c\noptions ko2iblnd peer_credits=8\noptions lnet networks=\"tcp0(eth0)\"\n";
+        let parsed = Tunables::parse_str("x.conf", text).unwrap();
+        let nid: Nid = "127.0.0.2@o2ib".parse().unwrap();
+        let w = file_warnings(&parsed, &[nid]);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("x.conf:3: options lnet networks=\"tcp0(eth0)\" does not include o2ib"),
+            "{w:?}"
+        );
+        let parsed = Tunables::parse_str("x.conf", "\noptions lnet networks=garbage((\n").unwrap();
+        let w = file_warnings(&parsed, &[nid]);
+        assert!(w.len() == 1 && w[0].starts_with("x.conf:2: options lnet networks"), "{w:?}");
+        let parsed = Tunables::parse_str("x.conf", "options lnet networks=o2ib0(ib0)\n").unwrap();
+        assert!(file_warnings(&parsed, &[nid]).is_empty());
     }
 }
