@@ -425,8 +425,11 @@ fn fabric_ping_echoes_verified_sends_and_reports_its_round_trip() {
         assert!(line.contains(if size == "8" { "ping 8 B:" } else { "ping 4096 B:" }), "{line}");
     }
     let o = spawn(BIN, &["fabric-ping", "--size", "4"]).wait(Duration::from_secs(20));
-    assert_eq!(o.code, Some(1), "{o:?}");
-    assert!(o.stderr.starts_with("lnd-bench: size 4: the fabric ping sends 8 to 4096 bytes"), "{o:?}");
+    assert_eq!(o.code, Some(2), "{o:?}");
+    assert!(
+        o.stderr.starts_with("lnd-bench: invalid value '4' for '--size <SIZE>': must be 8 to 4K"),
+        "{o:?}"
+    );
 }
 
 #[test]
