@@ -97,6 +97,8 @@ impl Errno {
     pub const ENETDOWN: Errno = Errno(-100);
     /// `-ECONNABORTED` (103): the connection closed under the operation.
     pub const ECONNABORTED: Errno = Errno(-103);
+    /// `-ECONNRESET` (104): the peer rejected the connection after accepting it.
+    pub const ECONNRESET: Errno = Errno(-104);
     /// `-ESHUTDOWN` (108).
     pub const ESHUTDOWN: Errno = Errno(-108);
     /// `-ETIMEDOUT` (110).
@@ -110,7 +112,7 @@ impl Errno {
     /// `-ECANCELED` (125).
     pub const ECANCELED: Errno = Errno(-125);
 
-    const NAMES: [(Errno, &'static str); 17] = [
+    const NAMES: [(Errno, &'static str); 18] = [
         (Errno::ENOENT, "ENOENT"),
         (Errno::EIO, "EIO"),
         (Errno::ENOMEM, "ENOMEM"),
@@ -122,6 +124,7 @@ impl Errno {
         (Errno::EMSGSIZE, "EMSGSIZE"),
         (Errno::ENETDOWN, "ENETDOWN"),
         (Errno::ECONNABORTED, "ECONNABORTED"),
+        (Errno::ECONNRESET, "ECONNRESET"),
         (Errno::ESHUTDOWN, "ESHUTDOWN"),
         (Errno::ETIMEDOUT, "ETIMEDOUT"),
         (Errno::ECONNREFUSED, "ECONNREFUSED"),
@@ -502,6 +505,7 @@ mod tests {
         assert_eq!(Errno::status(-110), Err(Errno::ETIMEDOUT));
         assert_eq!(Errno::status(110), Err(Errno::ETIMEDOUT));
         assert_eq!(Errno::ECONNABORTED.as_i32(), -103);
+        assert_eq!(Errno::ECONNRESET.to_string(), "-ECONNRESET (-104)");
         assert_eq!(Errno::ENODATA.to_string(), "-ENODATA (-61)");
         assert_eq!(Errno::from_raw(-4000).unwrap().to_string(), "errno -4000");
         assert_eq!(Errno::from_raw(i32::MIN).unwrap().as_i32(), i32::MIN);

@@ -236,7 +236,6 @@ impl<D: Device> Engine<D> {
                 }
             }
             CmEvent::Rejected { id, reason, private_data } => {
-                self.stats.connects_rejected += 1;
                 self.rejected(now, id, reason, &private_data);
             }
             CmEvent::Unreachable { id } | CmEvent::ReplyTimedOut { id } => {
@@ -526,11 +525,19 @@ impl<D: Device> Engine<D> {
         self.dirty.insert(key);
     }
 
-    /// The peer rejected our REQ (`kiblnd_rejected`): maybe retry with what it asked for.
+    /// The peer rejected our REQ (`kiblnd_rejected`): maybe retry with what it asked for. A
+    /// REJ of our REP (the peer did not take our CONNACK) is a reset: the passive attempt ends
+    /// with `-ECONNRESET` and is not retried (o2iblnd's `IBLND_CONN_PASSIVE_WAIT` case); what
+    /// waited on it fails unless another attempt is under way.
     fn rejected(&mut self, now: Instant, id: ConnId, reason: RejReason, private: &[u8]) {
         let Some(key) = self.conn_for_cm(id) else { return };
         self.forget_cm(key);
         let Some(conn) = self.conns.get(key) else { return };
+        if conn.state == ConnState::PassiveWait {
+            self.stats.accepts_reset += 1;
+            return self.close_conn(now, key, err(Errno::ECONNRESET, Health::RemoteDropped));
+        }
+        self.stats.connects_rejected += 1;
         let (peer, q, frags) = (conn.peer, conn.queue_depth, conn.max_frags);
         let rej = KibRej::decode(private).ok();
         let why = rej.and_then(|r| r.reason());

@@ -161,8 +161,10 @@ pub struct EngineStats {
     pub conns_established: u64,
     /// Connections closed.
     pub conns_closed: u64,
-    /// Connection attempts rejected by the peer.
+    /// Connection attempts (our REQs) rejected by the peer.
     pub connects_rejected: u64,
+    /// Accepted connection requests whose REP the peer then rejected (`-ECONNRESET`).
+    pub accepts_reset: u64,
     /// Connection requests this side rejected (any reason, allow-list refusals included).
     pub accepts_rejected: u64,
     /// Connection requests rejected because the peer's NID is not in `accept_nids` (also
@@ -203,6 +205,7 @@ impl EngineStats {
         self.conns_established += o.conns_established;
         self.conns_closed += o.conns_closed;
         self.connects_rejected += o.connects_rejected;
+        self.accepts_reset += o.accepts_reset;
         self.accepts_rejected += o.accepts_rejected;
         self.accepts_refused_nid += o.accepts_refused_nid;
         self.protocol_errors += o.protocol_errors;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use lnet_shim::buffer::Buffer;
 use lnet_shim::event::Errno;
-use lnet_shim::lnd::{Frag, Frags, Health};
+use lnet_shim::lnd::{Frag, Frags, Health, PeerState};
 
 use super::*;
 use crate::fabric::soft::packet::{self, IcrcMeta, Opcode, ROCEV2_UDP_PORT};
@@ -21,19 +21,42 @@ use crate::wire::{IBLND_MSG_MAGIC, MsgType};
 
 type Rule = Box<dyn FnMut(&mut Vec<u8>) -> bool + Send>;
 
-/// A wire that lets `rule` rewrite the o2iblnd message in an RC SEND ONLY frame, once, and
-/// drops the first `rtus_to_drop` CM RTUs it sends.
+/// A wire that lets `rule` rewrite the o2iblnd message in an RC SEND ONLY frame, once, lets
+/// `rep_rule` rewrite the first CM REP MAD it sends, and drops the first `rtus_to_drop` CM
+/// RTUs it sends.
 struct TamperWire {
     inner: SimPort,
     rule: Arc<Mutex<Option<Rule>>>,
+    rep_rule: Option<Rule>,
     rtus_to_drop: u32,
 }
 
-/// Whether `pkt` carries a CM RTU (a MAD on QP1 with attribute ID 0x0014).
-fn is_rtu(pkt: &packet::Packet<'_>) -> bool {
+/// Whether `pkt` carries a CM MAD (on QP1) with attribute ID `attr`.
+fn is_mad(pkt: &packet::Packet<'_>, attr: u16) -> bool {
     pkt.headers.bth.opcode == Opcode::UdSendOnly
         && pkt.payload.len() >= crate::cm::mad::MAD_LEN
-        && pkt.payload.get(16..18) == Some(&crate::cm::mad::attr::RTU.to_be_bytes()[..])
+        && pkt.payload.get(16..18) == Some(&attr.to_be_bytes()[..])
+}
+
+/// Whether `pkt` carries a CM RTU.
+fn is_rtu(pkt: &packet::Packet<'_>) -> bool {
+    is_mad(pkt, crate::cm::mad::attr::RTU)
+}
+
+impl TamperWire {
+    /// Sends `pkt` with `payload` in place of its own, the ICRC resealed.
+    fn send_rewritten(
+        &mut self,
+        now: Instant,
+        dst: Ipv4Addr,
+        pkt: &packet::Packet<'_>,
+        payload: &[u8],
+    ) -> io::Result<()> {
+        let meta = IcrcMeta::new(self.inner.local_ip(), dst, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT);
+        let mut out = Vec::new();
+        packet::build(&meta, &pkt.headers, payload, &mut out).map_err(io::Error::other)?;
+        self.inner.send(now, dst, &out)
+    }
 }
 
 impl Wire for TamperWire {
@@ -48,19 +71,25 @@ impl Wire for TamperWire {
             self.rtus_to_drop -= 1;
             return Ok(());
         }
-        let mut rule = self.rule.lock().unwrap();
-        if let (Some(r), Ok(pkt)) = (rule.as_mut(), packet::parse_unchecked(frame)) {
-            let is_msg = pkt.headers.bth.opcode == Opcode::RcSendOnly
-                && pkt.payload.get(..4) == Some(&IBLND_MSG_MAGIC.to_le_bytes()[..]);
-            if is_msg {
-                let mut msg = pkt.payload.to_vec();
-                if r(&mut msg) {
-                    *rule = None;
-                    let meta = IcrcMeta::new(self.inner.local_ip(), dst, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT);
-                    let mut out = Vec::new();
-                    packet::build(&meta, &pkt.headers, &msg, &mut out).map_err(io::Error::other)?;
-                    return self.inner.send(now, dst, &out);
+        let Ok(pkt) = packet::parse_unchecked(frame) else { return self.inner.send(now, dst, frame) };
+        if is_mad(&pkt, crate::cm::mad::attr::REP) {
+            if let Some(mut r) = self.rep_rule.take() {
+                let mut mad = pkt.payload.to_vec();
+                if r(&mut mad) {
+                    return self.send_rewritten(now, dst, &pkt, &mad);
                 }
+                self.rep_rule = Some(r);
+            }
+        }
+        let rule = Arc::clone(&self.rule);
+        let mut rule = rule.lock().unwrap();
+        let is_msg = pkt.headers.bth.opcode == Opcode::RcSendOnly
+            && pkt.payload.get(..4) == Some(&IBLND_MSG_MAGIC.to_le_bytes()[..]);
+        if let Some(r) = rule.as_mut().filter(|_| is_msg) {
+            let mut msg = pkt.payload.to_vec();
+            if r(&mut msg) {
+                *rule = None;
+                return self.send_rewritten(now, dst, &pkt, &msg);
             }
         }
         drop(rule);
@@ -84,10 +113,20 @@ fn sim_with_hostile(s: u64, rule: Rule) -> Sim {
 
 /// [`sim_with_hostile`], and node 1's first `rtus` CM RTUs are lost.
 fn sim_with_hostile_dropping_rtus(s: u64, rule: Rule, rtus: u32) -> Sim {
+    sim_with_tamper(s, Some(rule), None, rtus)
+}
+
+/// Three nodes; `rep_rule` rewrites the first CM REP node 1 sends (returning true once it did).
+fn sim_with_hostile_rep(s: u64, rep_rule: Rule) -> Sim {
+    sim_with_tamper(s, None, Some(rep_rule), 0)
+}
+
+fn sim_with_tamper(s: u64, rule: Option<Rule>, rep_rule: Option<Rule>, rtus: u32) -> Sim {
     let mut sim = Sim::new(s, 3, &tunables(), FaultConfig::NONE);
     let wire = TamperWire {
         inner: sim.net.attach(ip(1)),
-        rule: Arc::new(Mutex::new(Some(rule))),
+        rule: Arc::new(Mutex::new(rule)),
+        rep_rule,
         rtus_to_drop: rtus,
     };
     let dev = SoftDevice::with_wire(Box::new(wire), SoftConfig { seed: s ^ 1, ..SoftConfig::default() });
@@ -473,4 +512,42 @@ fn a_put_ack_naming_a_put_req_not_yet_sent_closes_the_connection() {
     assert!(sim.sends[&(0, 9)].1.is_err(), "seed {s}: PUT 9 never reached node 1");
     assert!(sim.nodes[0].engine.stats().protocol_errors >= 1, "seed {s}: the stray PUT_ACK was counted");
     assert_only_the_hostile_connection_closed(&mut sim, s);
+}
+
+/// Node 0 connects to node 1, whose REP carries a message that is not a CONNACK: node 0
+/// rejects the REP and fails its PUT with `-EPROTO`. Node 1, which had accepted, hears the REJ
+/// of its REP: as o2iblnd's `IBLND_CONN_PASSIVE_WAIT` case, that is a reset, not a refusal,
+/// and the PUT node 1 queued on the accepting connection fails once with `-ECONNRESET`
+/// instead of waiting for its deadline. Neither side retries on its own; the next send
+/// connects.
+#[test]
+fn a_rejected_rep_resets_the_accepting_side() {
+    let s = seed();
+    const REP_CONNACK_TYPE: usize = crate::cm::mad::MAD_HEADER_LEN + 36 + 6;
+    let mut sim = sim_with_hostile_rep(
+        s,
+        Box::new(|mad: &mut Vec<u8>| {
+            mad[REP_CONNACK_TYPE] = MsgType::Noop.as_u8();
+            true
+        }),
+    );
+    sim.put(0, 1, 1, 100);
+    let accepting = sim.run_until(100_000, |sim| {
+        sim.nodes[1].engine.peers().iter().any(|p| p.nid == nid(0) && p.state == PeerState::Connecting)
+    });
+    assert!(accepting, "seed {s}: node 1 took node 0's REQ");
+    sim.put(1, 0, 2, 100);
+    assert_eq!(sim.wait_send(0, 1, 1_000_000).map_err(|e| e.errno), Err(Errno::EPROTO), "seed {s}");
+    assert_eq!(sim.wait_send(1, 2, 1_000_000).map_err(|e| e.errno), Err(Errno::ECONNRESET), "seed {s}");
+    let (st0, st1) = (sim.nodes[0].engine.stats(), sim.nodes[1].engine.stats());
+    assert_eq!((st0.protocol_errors, st1.accepts_reset, st1.connects_rejected), (1, 1, 0), "seed {s}");
+    assert_eq!(st0.tx_timeouts + st1.tx_timeouts, 0, "seed {s}: nothing waited for its deadline");
+    // Both sides are idle, not retrying; a new send from either end connects.
+    sim.run_for(Duration::from_secs(5));
+    assert_eq!(sim.nodes[1].engine.stats().conns_established, 0, "seed {s}");
+    sim.put(1, 0, 3, 100);
+    assert!(sim.wait_send(1, 3, 1_000_000).is_ok(), "seed {s}");
+    sim.gather();
+    assert_eq!(sim.sends[&(0, 1)].0, 1, "seed {s}: completed exactly once");
+    assert_eq!(sim.sends[&(1, 2)].0, 1, "seed {s}: completed exactly once");
 }
