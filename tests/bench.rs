@@ -359,6 +359,13 @@ fn a_fabric_port_already_taken_or_an_address_not_of_this_host_says_what_to_do() 
         local.stderr.contains("the server process exited (exit status: 1) before it was ready"),
         "{local:?}"
     );
+    // fabric-ping binds the device alone on 127.0.0.1 and 127.0.0.2: the same advice.
+    let fp = spawn(BIN, &["fabric-ping", "--port", &p, "--duration", "0.2"]).wait(Duration::from_secs(20));
+    assert_eq!(fp.code, Some(1), "{fp:?}");
+    assert!(
+        fp.stderr.contains(&format!("127.0.0.1:{port}")) && fp.stderr.contains("another --port"),
+        "{fp:?}"
+    );
     // A NID whose address this host does not have (TEST-NET-1, never local).
     let o = spawn(BIN, &["server", "--nid", "192.0.2.1@o2ib", "--port", &p]).wait(Duration::from_secs(20));
     assert_eq!(o.code, Some(1), "{o:?}");

@@ -82,7 +82,11 @@ impl End {
     fn open(ip: Ipv4Addr, port: u16, psn: u32) -> Result<End, String> {
         let config =
             SoftConfig { udp_port: port, name: format!("fabric-ping-{ip}"), ..SoftConfig::default() };
-        let dev = SoftDevice::open_udp(ip, config).map_err(|e| e.to_string())?;
+        let dev =
+            SoftDevice::open_udp(ip, config).map_err(|e| match crate::node::bind_hint(&e, ip, port) {
+                Some(hint) => format!("{e} ({hint})"),
+                None => e.to_string(),
+            })?;
         let pd = dev.alloc_pd().map_err(|e| e.to_string())?;
         let cq = dev.create_cq(4 * SLOTS as u32).map_err(|e| e.to_string())?;
         let caps = QpInitAttr {
@@ -268,7 +272,7 @@ pub fn measure(size: usize, duration: Duration, port: u16) -> Result<FloorResult
     let ready = child.stdout.take().and_then(|out| BufReader::new(out).lines().next()).and_then(Result::ok);
     let result = match ready {
         Some(line) if line.starts_with("fabric-pong ready") => ping(size, duration, port),
-        _ => Err("the fabric pong did not start".to_owned()),
+        _ => Err("the fabric pong did not start (its error is above)".to_owned()),
     };
     drop(child.stdin.take());
     let _ = child.wait();

@@ -645,6 +645,10 @@ mod tests {
             refused(&["fabric-ping", "--size", "7"]),
             "invalid value '7' for '--size <SIZE>': must be 8 to 4K (see lnd-bench --help)"
         );
+        assert_eq!(
+            refused(&["compare", "--sizes", "1M,32M"]),
+            "invalid value '32M' for '--sizes <SIZES>': must be 1 to 16M (see lnd-bench --help)"
+        );
         for (args, size) in [
             (&["brw", "--to", "127.0.0.1@o2ib", "--op", "read", "--size", "16M"][..], 16 << 20),
             (&["brw", "--to", "127.0.0.1@o2ib", "--op", "read", "--size", "1"], 1),

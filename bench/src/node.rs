@@ -1,5 +1,6 @@
 //! One benchmark node: LNet with one o2iblnd interface, from a tunables file.
 
+use std::net::Ipv4Addr;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -91,33 +92,40 @@ fn file_warnings(parsed: &ParsedConfig, nids: &[Nid]) -> Vec<String> {
     out
 }
 
-/// The start error, with what to do about the two common cases of the software fabric: its
-/// UDP port (`ip:port`) already bound by another LND or lnd-bench on this host, and a NID
-/// whose address is not one of this host's.
+/// The start error, with what to do about the two common cases of the software fabric (see
+/// [`bind_hint`]).
 fn start_error(e: &(dyn std::error::Error + 'static), opts: &NodeOptions) -> String {
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        if let (Some(io), Fabric::Soft) = (c.downcast_ref::<std::io::Error>(), opts.fabric) {
-            let (port, ip) = (opts.port, opts.nid.addr());
-            match io.kind() {
-                std::io::ErrorKind::AddrInUse => {
-                    return format!(
-                        "{e} (another LND or lnd-bench on this host holds UDP port {port} on {ip}: \
-                         stop it, or run both sides with another --port)"
-                    );
-                }
-                std::io::ErrorKind::AddrNotAvailable => {
-                    return format!(
-                        "{e} ({ip} is not an address of this host: the software fabric binds the \
-                         NID's IPv4 address; on one machine use 127.0.0.x@o2ib)"
-                    );
-                }
-                _ => {}
-            }
+    match opts.fabric {
+        Fabric::Soft => {
+            bind_hint(e, opts.nid.addr(), opts.port).map_or_else(|| e.to_string(), |h| format!("{e} ({h})"))
         }
-        cause = c.source();
+        _ => e.to_string(),
     }
-    e.to_string()
+}
+
+/// What to do when the software fabric could not bind `ip:port`, for the two common causes
+/// found in `e`'s chain: the UDP port already bound by another LND or lnd-bench on this host,
+/// and an address that is not one of this host's. `None` for anything else.
+pub(crate) fn bind_hint(e: &(dyn std::error::Error + 'static), ip: Ipv4Addr, port: u16) -> Option<String> {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        match c.downcast_ref::<std::io::Error>().map(std::io::Error::kind) {
+            Some(std::io::ErrorKind::AddrInUse) => {
+                return Some(format!(
+                    "another LND or lnd-bench on this host holds UDP port {port} on {ip}: \
+                     stop it, or pick another --port (the same for both sides)"
+                ));
+            }
+            Some(std::io::ErrorKind::AddrNotAvailable) => {
+                return Some(format!(
+                    "{ip} is not an address of this host: the software fabric binds the \
+                     NID's IPv4 address; on one machine use 127.0.0.x@o2ib"
+                ));
+            }
+            _ => cause = c.source(),
+        }
+    }
+    None
 }
 
 impl Node {
