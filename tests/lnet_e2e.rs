@@ -469,6 +469,40 @@ fn two_hundred_and_forty_concurrent_operations_every_byte_verified() {
     }
 }
 
+/// `fmr_cache=0` on both sides: every sink is registered for its transfer alone (and
+/// deregistered when it ends) on the same-host single-copy path. PUTs and GETs both ways,
+/// every byte verified, no WRITE refused. (The engine simulations in
+/// `engine::tests::sink_keys` check that stale keys are refused and nothing leaks.)
+#[test]
+fn per_transfer_sink_registrations_carry_every_byte_on_the_same_host_path() {
+    let seed = std::env::var("LNET_E2E_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0xf3c0);
+    let port = unique_port(0);
+    let t = || Tunables { fmr_cache: false, ..Tunables::default() };
+    let (a, b) = (
+        Arc::new(Node::start_tuned("127.0.0.12", port, t())),
+        Arc::new(Node::start_tuned("127.0.0.13", port, t())),
+    );
+    let th = {
+        let (a, b) = (a.clone(), b.clone());
+        std::thread::spawn(move || exchange(&b, &a, seed ^ 0xb, 60))
+    };
+    exchange(&a, &b, seed, 60);
+    if let Err(e) = th.join() {
+        std::panic::resume_unwind(e);
+    }
+    for n in [&a, &b] {
+        assert!(n.lnet.wait_quiet(WAIT), "seed {seed:#x}: messages still in progress");
+        let st = n.driver.stats().unwrap();
+        assert!(st.engine.sink_registrations > 0, "seed {seed:#x}: {:?}", st.engine);
+        assert!(
+            st.fabric.placed_writes > 0,
+            "seed {seed:#x}: the single-copy path was used: {:?}",
+            st.fabric
+        );
+        assert_eq!(st.fabric.access_errors, 0, "seed {seed:#x}");
+    }
+}
+
 /// `nscheds=2`: the server's peers are spread over two scheduler threads by address, each with
 /// its own engine on the one device. Eight clients and the server exchange PUTs and GETs in
 /// both directions at once; every byte is verified, and each scheduler holds exactly the

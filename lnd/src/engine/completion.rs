@@ -133,7 +133,9 @@ impl<D: Device> Engine<D> {
         if !finished {
             return;
         }
-        let tx = self.txs.remove(key);
+        let mut tx = self.txs.remove(key);
+        // The peer's access to the sink ends with the transfer, before LNet may reuse it.
+        drop(tx.sink_reg.take());
         if self.txs.is_empty() {
             // Nothing left to expire: no wake-up for deadlines of transmits already gone.
             self.tx_check = None;

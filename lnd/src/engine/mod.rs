@@ -43,6 +43,7 @@ mod peer;
 mod post;
 mod rx;
 mod send;
+mod sink;
 pub use send::validate_send;
 #[cfg(test)]
 mod tests;
@@ -165,6 +166,8 @@ pub struct EngineStats {
     pub connects_rejected: u64,
     /// Accepted connection requests whose REP the peer then rejected (`-ECONNRESET`).
     pub accepts_reset: u64,
+    /// Sinks registered for one transfer (`fmr_cache=0`; each deregistered when it ends).
+    pub sink_registrations: u64,
     /// Connection requests this side rejected (any reason, allow-list refusals included).
     pub accepts_rejected: u64,
     /// Connection requests rejected because the peer's NID is not in `accept_nids` (also
@@ -206,6 +209,7 @@ impl EngineStats {
         self.conns_closed += o.conns_closed;
         self.connects_rejected += o.connects_rejected;
         self.accepts_reset += o.accepts_reset;
+        self.sink_registrations += o.sink_registrations;
         self.accepts_rejected += o.accepts_rejected;
         self.accepts_refused_nid += o.accepts_refused_nid;
         self.protocol_errors += o.protocol_errors;

@@ -230,15 +230,17 @@ impl<D: Device> Engine<D> {
             return After::Repost(RxRepost::PeerCredit);
         };
         match rd {
-            Ok((rkey, rd)) => {
+            Ok(rd) => {
                 let my_cookie = self.alloc_cookie();
-                let nob =
-                    self.init_body(txk, |buf| crate::wire::init_putack(buf, cookie, my_cookie, rkey, &rd));
+                let nob = self.init_body(txk, |buf| {
+                    crate::wire::init_putack(buf, cookie, my_cookie, rd.key, &rd.frags)
+                });
                 self.cookies.insert(my_cookie, txk);
                 self.set_nob(txk, nob);
                 if let Some(t) = self.txs.get_mut(txk) {
                     t.cookie = my_cookie;
                     t.waiting = true;
+                    t.sink_reg = rd.reg;
                     t.pinned = frags;
                     t.status = Ok(mlength);
                 }

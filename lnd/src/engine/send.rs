@@ -26,8 +26,7 @@ use crate::wire::{IBLND_MAX_IMMEDIATE, IBLND_MSG_SIZE, LNET_HDR_SIZE, MsgType, R
 /// stale or guessed rkey cannot write into it).
 pub(crate) const SOURCE_ACCESS: Access = Access::NONE;
 /// How an LNet buffer that RDMA WRITEs land in (a sink named in a PUT_ACK or GET_REQ) is
-/// registered. The registration is cached for the buffer's life (see the README's "Not yet
-/// implemented": no per-transfer registration and invalidation, as o2iblnd's FRWR has).
+/// registered: cached for the buffer's life, or for one transfer (`fmr_cache=0`; [`super::sink`]).
 pub(crate) const SINK_ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
 
 /// Why an RDMA transfer could not be set up.
@@ -223,6 +222,7 @@ impl<D: Device> Engine<D> {
             upper,
             source: Vec::new(),
             rdma: Vec::new(),
+            sink_reg: None,
             pinned: Frags::new(),
         });
         self.tx_check = Instant::min_deadline(self.tx_check, Some(deadline));
@@ -299,45 +299,12 @@ impl<D: Device> Engine<D> {
         Ok(sges)
     }
 
-    fn keys_of(&self, f: &Frag, access: Access) -> Result<RegKeys, LndError> {
+    pub(super) fn keys_of(&self, f: &Frag, access: Access) -> Result<RegKeys, LndError> {
         if f.len > u32::MAX as usize {
             return Err(err(Errno::EMSGSIZE, Health::LocalError));
         }
         register_cached(&self.dev, &self.pd, self.owner, &f.buf, access)
             .map_err(|_| err(Errno::ENOMEM, Health::LocalError))
-    }
-
-    /// An RDMA descriptor for a sink: one key for all fragments, so every fragment must lie in
-    /// the same buffer (o2iblnd maps a sink into one region).
-    pub(super) fn sink_rd(&mut self, frags: &[Frag], nob: usize) -> Result<(u32, Vec<RdmaFrag>), LndError> {
-        let mut rd = Vec::new();
-        let mut key = None;
-        let mut left = nob;
-        for f in frags {
-            if left == 0 {
-                break;
-            }
-            if f.len == 0 {
-                continue;
-            }
-            let keys = self.keys_of(f, SINK_ACCESS)?;
-            if key.is_some_and(|k| k != keys.rkey) {
-                return Err(err(Errno::EINVAL, Health::LocalError));
-            }
-            key = Some(keys.rkey);
-            let n = f.len.min(left);
-            rd.push(RdmaFrag { nob: n as u32, addr: f.buf.addr() + f.offset as u64 });
-            left -= n;
-        }
-        if rd.len() > crate::wire::IBLND_MAX_RDMA_FRAGS {
-            return Err(err(Errno::EMSGSIZE, Health::LocalError));
-        }
-        if rd.is_empty() {
-            // A descriptor has 1..=257 fragments: an empty sink is one empty fragment.
-            let addr = frags.first().map_or(0, |f| f.buf.addr() + f.offset as u64);
-            rd.push(RdmaFrag { nob: 0, addr });
-        }
-        Ok((key.unwrap_or(0), rd))
     }
 
     fn build_putreq(
@@ -364,9 +331,9 @@ impl<D: Device> Engine<D> {
 
     fn build_getreq(&mut self, txk: usize, hdr: &[u8; LNET_HDR_SIZE], sink: &[Frag]) -> Result<(), LndError> {
         let len = frags_len(sink).unwrap_or(0);
-        let (key, rd) = self.sink_rd(sink, len)?;
+        let rd = self.sink_rd(sink, len)?;
         let cookie = self.alloc_cookie();
-        let nob = self.init_body(txk, |buf| crate::wire::init_get(buf, hdr, cookie, key, &rd));
+        let nob = self.init_body(txk, |buf| crate::wire::init_get(buf, hdr, cookie, rd.key, &rd.frags));
         if nob == 0 {
             return Err(err(Errno::EMSGSIZE, Health::LocalError));
         }
@@ -375,6 +342,7 @@ impl<D: Device> Engine<D> {
         if let Some(t) = self.txs.get_mut(txk) {
             t.cookie = cookie;
             t.waiting = true;
+            t.sink_reg = rd.reg;
             t.pinned = sink.iter().cloned().collect();
         }
         Ok(())

@@ -114,6 +114,9 @@ pub(crate) struct Tx {
     pub(crate) source: Vec<Sge>,
     /// RDMA WRITEs to post before the SEND.
     pub(crate) rdma: Vec<RdmaWr>,
+    /// The sink's registration for this transfer alone (`fmr_cache=0`): deregistered when
+    /// the transmit finishes, before the upper layer is told.
+    pub(crate) sink_reg: Option<super::sink::TransferReg>,
     /// Buffers the transfer uses, kept alive until the transmit finishes.
     pub(crate) pinned: Frags,
 }

@@ -14,20 +14,33 @@ use lnet_shim::event::Errno;
 use lnet_shim::lnd::{Frag, Frags, Health, PeerState};
 
 use super::*;
-use crate::fabric::soft::packet::{self, IcrcMeta, Opcode, ROCEV2_UDP_PORT};
+use crate::fabric::soft::packet::{self, Headers, IcrcMeta, Opcode, ROCEV2_UDP_PORT, Reth};
 use crate::fabric::soft::wire::{Received, Wire};
 use crate::fabric::soft::{FaultConfig, SimPort, SoftConfig, SoftDevice};
 use crate::wire::{IBLND_MSG_MAGIC, MsgType};
 
-type Rule = Box<dyn FnMut(&mut Vec<u8>) -> bool + Send>;
+pub(super) type Rule = Box<dyn FnMut(&mut Vec<u8>) -> bool + Send>;
+
+/// Rewrites the RDMA ETH of an RDMA WRITE (FIRST or ONLY) frame; true if it changed it.
+pub(super) type WriteRule = Box<dyn FnMut(&mut Reth) -> bool + Send>;
+
+/// What node 1's wire does to what it sends (see [`TamperWire`]).
+#[derive(Default)]
+pub(super) struct Tamper {
+    pub(super) rule: Option<Rule>,
+    pub(super) rep_rule: Option<Rule>,
+    pub(super) write_rule: Option<WriteRule>,
+    pub(super) rtus: u32,
+}
 
 /// A wire that lets `rule` rewrite the o2iblnd message in an RC SEND ONLY frame, once, lets
-/// `rep_rule` rewrite the first CM REP MAD it sends, and drops the first `rtus_to_drop` CM
-/// RTUs it sends.
+/// `rep_rule` rewrite the first CM REP MAD it sends, lets `write_rule` rewrite the RDMA ETH of
+/// every RDMA WRITE it sends, and drops the first `rtus_to_drop` CM RTUs it sends.
 struct TamperWire {
     inner: SimPort,
     rule: Arc<Mutex<Option<Rule>>>,
     rep_rule: Option<Rule>,
+    write_rule: Option<WriteRule>,
     rtus_to_drop: u32,
 }
 
@@ -44,17 +57,17 @@ fn is_rtu(pkt: &packet::Packet<'_>) -> bool {
 }
 
 impl TamperWire {
-    /// Sends `pkt` with `payload` in place of its own, the ICRC resealed.
+    /// Sends a frame of `headers` and `payload`, the ICRC resealed.
     fn send_rewritten(
         &mut self,
         now: Instant,
         dst: Ipv4Addr,
-        pkt: &packet::Packet<'_>,
+        headers: &Headers,
         payload: &[u8],
     ) -> io::Result<()> {
         let meta = IcrcMeta::new(self.inner.local_ip(), dst, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT);
         let mut out = Vec::new();
-        packet::build(&meta, &pkt.headers, payload, &mut out).map_err(io::Error::other)?;
+        packet::build(&meta, headers, payload, &mut out).map_err(io::Error::other)?;
         self.inner.send(now, dst, &out)
     }
 }
@@ -76,9 +89,15 @@ impl Wire for TamperWire {
             if let Some(mut r) = self.rep_rule.take() {
                 let mut mad = pkt.payload.to_vec();
                 if r(&mut mad) {
-                    return self.send_rewritten(now, dst, &pkt, &mad);
+                    return self.send_rewritten(now, dst, &pkt.headers, &mad);
                 }
                 self.rep_rule = Some(r);
+            }
+        }
+        if let (Some(r), Some(mut reth)) = (self.write_rule.as_mut(), pkt.headers.reth) {
+            if r(&mut reth) {
+                let headers = Headers { reth: Some(reth), ..pkt.headers };
+                return self.send_rewritten(now, dst, &headers, pkt.payload);
             }
         }
         let rule = Arc::clone(&self.rule);
@@ -89,7 +108,7 @@ impl Wire for TamperWire {
             let mut msg = pkt.payload.to_vec();
             if r(&mut msg) {
                 *rule = None;
-                return self.send_rewritten(now, dst, &pkt, &msg);
+                return self.send_rewritten(now, dst, &pkt.headers, &msg);
             }
         }
         drop(rule);
@@ -113,21 +132,23 @@ fn sim_with_hostile(s: u64, rule: Rule) -> Sim {
 
 /// [`sim_with_hostile`], and node 1's first `rtus` CM RTUs are lost.
 fn sim_with_hostile_dropping_rtus(s: u64, rule: Rule, rtus: u32) -> Sim {
-    sim_with_tamper(s, Some(rule), None, rtus)
+    sim_with_tamper(s, Tamper { rule: Some(rule), rtus, ..Tamper::default() })
 }
 
 /// Three nodes; `rep_rule` rewrites the first CM REP node 1 sends (returning true once it did).
 fn sim_with_hostile_rep(s: u64, rep_rule: Rule) -> Sim {
-    sim_with_tamper(s, None, Some(rep_rule), 0)
+    sim_with_tamper(s, Tamper { rep_rule: Some(rep_rule), ..Tamper::default() })
 }
 
-fn sim_with_tamper(s: u64, rule: Option<Rule>, rep_rule: Option<Rule>, rtus: u32) -> Sim {
+/// Three nodes with default tunables; node 1's wire does what `t` says.
+pub(super) fn sim_with_tamper(s: u64, t: Tamper) -> Sim {
     let mut sim = Sim::new(s, 3, &tunables(), FaultConfig::NONE);
     let wire = TamperWire {
         inner: sim.net.attach(ip(1)),
-        rule: Arc::new(Mutex::new(rule)),
-        rep_rule,
-        rtus_to_drop: rtus,
+        rule: Arc::new(Mutex::new(t.rule)),
+        rep_rule: t.rep_rule,
+        write_rule: t.write_rule,
+        rtus_to_drop: t.rtus,
     };
     let dev = SoftDevice::with_wire(Box::new(wire), SoftConfig { seed: s ^ 1, ..SoftConfig::default() });
     let lnet = Arc::new(TestLnet::default());

@@ -409,6 +409,7 @@ mod link;
 mod ports;
 mod reaping;
 mod reconnect;
+mod sink_keys;
 mod soak;
 
 #[test]
