@@ -233,7 +233,8 @@ impl MrTable {
         }
         // SAFETY: `check` found a live region containing addr..addr+len, valid for writes
         // while registered, and it stays registered until the copy is done (the caller's
-        // promise: deregistration finishes a running copy first); every destination lies
+        // promise: deregistering memory a running copy writes finishes the copy first); every
+        // destination lies
         // inside it and they do not overlap (consecutive ranges). Each source is readable for
         // its length until then (the caller's promise) and in another mapping, so no source
         // overlaps a destination.

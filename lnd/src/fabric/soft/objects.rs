@@ -73,8 +73,9 @@ impl MemoryRegion for SoftMr {
 impl Drop for SoftMr {
     fn drop(&mut self) {
         let mut s = self.shared.lock();
-        // A running copy may write into this region: its bytes land first.
-        s.place.drain();
+        // A running copy that writes into this memory lands first; one into other memory runs
+        // on (a region registered for one transfer is dropped while others' copies run).
+        s.place.drain_into(self.addr, self.len as u64);
         s.mrs.deregister(self.key);
     }
 }

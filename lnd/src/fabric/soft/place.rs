@@ -95,8 +95,8 @@
 //! (`Placement::conclude`: the rest of the copy on that thread, then the liveness word, then
 //! accept or refuse as for a copy made on the spot). So the SEND behind the WRITE still finds
 //! every byte in place, and nothing is NAKed out of sequence meanwhile. The memory stays valid
-//! while the copy runs: the checked region because deregistration finishes a running copy
-//! first (`Placement::drain`, under the device lock), the source mapping because senders are
+//! while the copy runs: the checked region because deregistering any memory the copy writes
+//! finishes it first (`Placement::drain_into`, under the device lock), the source mapping because senders are
 //! not forgotten and no other request is executed until the conclusion. A QP that leaves
 //! RTR/RTS meanwhile drops the request, as it would drop a packet.
 //!
@@ -334,6 +334,8 @@ pub(crate) enum Placing {
 struct RunningPlace {
     src: Ipv4Addr,
     live: (u64, u64),
+    /// The bytes it writes: address and length.
+    dst: (u64, u64),
 }
 
 /// How often departed senders are looked for (`Placement::forget_departed`).
@@ -399,11 +401,18 @@ impl Placement {
         self.copier.is_done()
     }
 
-    /// Puts every byte of the running copy in place, waiting for it (the device calls it
-    /// before deregistering memory or destroying a QP, under its lock); the request's outcome
-    /// is still left for [`Placement::conclude`].
-    pub(crate) fn drain(&mut self) {
-        self.copier.finish();
+    /// Puts every byte of the running copy in place, waiting for it, if it writes anywhere in
+    /// `addr..addr + len` (the device calls it under its lock before deregistering that
+    /// memory); a copy into other memory runs on. The request's outcome is still left for
+    /// [`Placement::conclude`].
+    pub(crate) fn drain_into(&mut self, addr: u64, len: u64) {
+        let overlaps = self.running.as_ref().is_some_and(|r| {
+            let (at, n) = r.dst;
+            at < addr.saturating_add(len) && addr < at.saturating_add(n)
+        });
+        if overlaps {
+            self.copier.finish();
+        }
     }
 
     /// Ends the running copy, waiting for it (and copying what is left) if need be, and
@@ -498,7 +507,8 @@ impl Placement {
                     // SAFETY: every source was found wholly inside the sender's arena mapping,
                     // which stays in `self.senders` until the copy is done (a running copy
                     // keeps `forget_departed` away and no request runs until it is concluded);
-                    // the device finishes a running copy before deregistering any region.
+                    // the device finishes a running copy before deregistering any memory it
+                    // writes (`Placement::drain_into`).
                     let started = unsafe { mem.write_from_sources(pd, rkey, va, len, sources, copier) }
                         .map_err(PlaceFault::Mem)?;
                     if started == Started::Running {
@@ -521,7 +531,7 @@ impl Placement {
         })();
         match copied {
             Ok(None) => {
-                self.running = Some(RunningPlace { src, live: w.live });
+                self.running = Some(RunningPlace { src, live: w.live, dst: (va, len) });
                 Ok(Placing::Running)
             }
             Ok(Some(done)) => self.judge(src, &peer, Ok(done), w.live.1).map(Placing::Done),
