@@ -62,7 +62,10 @@ impl<D: Device> Engine<D> {
             if f.len == 0 {
                 continue;
             }
-            if !f.is_valid() || f.len > u32::MAX as usize {
+            if f.len > u32::MAX as usize {
+                return Err(err(Errno::EMSGSIZE, Health::LocalError));
+            }
+            if !f.is_valid() {
                 return Err(err(Errno::EINVAL, Health::LocalError));
             }
             if buf.is_some_and(|b| !Arc::ptr_eq(b, &f.buf)) {
