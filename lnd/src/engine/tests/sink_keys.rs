@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lnet_shim::buffer::Buffer;
+use lnet_shim::event::Errno;
+use lnet_shim::lnd::{Frag, LndSend};
 
 use super::hostile::{Tamper, WriteRule, sim_with_tamper};
 use super::*;
@@ -142,4 +144,35 @@ fn without_fmr_cache_mixed_transfers_verify_and_leave_no_registration() {
     assert!(regs > 500, "seed {s}: {regs} sink registrations");
     let now: Vec<u32> = sim.nodes.iter().map(|n| n.engine.device().live_counts().mrs).collect();
     assert_eq!(now, baseline, "seed {s}: registrations left behind");
+}
+
+/// A sink fragment that LNet built past the end of its buffer is refused before anything is
+/// registered or written, with either setting: the receive fails with `-EINVAL` and the source
+/// is NAKed (its PUT fails), and the buffer is untouched.
+#[test]
+fn a_sink_fragment_outside_its_buffer_is_refused_before_anything_is_registered() {
+    for on in [true, false] {
+        let s = seed();
+        let mut sim = Sim::new(s, 2, &tunables_with_fmr_cache(on), FaultConfig::NONE);
+        let buf = Arc::new(Buffer::new(LEN));
+        let frag = Frag { buf: buf.clone(), offset: LEN / 2, len: LEN };
+        sim.nodes[1].lnet.post_sink(1, vec![frag], LEN);
+        let (from, to) = (sim.nodes[0].nid, sim.nodes[1].nid);
+        let msg = LndSend {
+            target: to,
+            hdr: put_hdr(from, to, 1, LEN),
+            payload: Frag::whole(filled(1, LEN)).into(),
+            get_sink: None,
+            token: 1,
+        };
+        sim.nodes[0].engine.send(sim.now, msg).unwrap();
+        let sent = sim.wait_send(0, 1, 1_000_000);
+        assert!(sent.is_err(), "seed {s}: fmr_cache={on}: {sent:?}");
+        sim.run_for(Duration::from_millis(1));
+        sim.gather();
+        let got = sim.recvs.get(&(1, 1)).map(|&(n, r)| (n, r.map_err(|e| e.errno)));
+        assert_eq!(got, Some((1, Err(Errno::EINVAL))), "seed {s}: fmr_cache={on}");
+        assert!(buf.to_vec(0, LEN).unwrap().iter().all(|&x| x == 0), "seed {s}: untouched");
+        assert_eq!(sim.nodes[1].engine.stats().sink_registrations, 0, "seed {s}");
+    }
 }
