@@ -38,6 +38,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -598,6 +599,29 @@ impl<D: Device> Scheduler<D> {
 
     fn run(mut self) {
         RUNNING.with(|r| r.set(Arc::as_ptr(&self.shared)));
+        // A panic on this thread (a bug here, in the engine or in an upcall) must neither drop
+        // the transmits the engine holds nor leave commands in a queue nobody takes any more.
+        let ran = panic::catch_unwind(AssertUnwindSafe(|| self.turns()));
+        if ran.is_err() {
+            eprintln!("lnd: {}: scheduler stops: it panicked", self.engine.nid());
+            let now = self.clock.now();
+            // Best effort: the panic may have left the engine half-way through an update.
+            if panic::catch_unwind(AssertUnwindSafe(|| self.engine.abandon(now))).is_err() {
+                eprintln!("lnd: {}: ending its transmits panicked too", self.engine.nid());
+            }
+        }
+        // Sends that raced the shutdown are reported, never dropped: those queued from now on
+        // by the thread that queues them (`SchedulerHandle::push`).
+        self.shared.exited.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.shared.drain_exited(pop_local);
+        if let Err(payload) = ran {
+            panic::resume_unwind(payload);
+        }
+    }
+
+    /// The scheduler's turns, until shutdown or a failure of its poller.
+    fn turns(&mut self) {
         let device_fds = self.engine.device().pollable_fds();
         for (i, fd) in device_fds.iter().enumerate() {
             let _ =
@@ -730,11 +754,6 @@ impl<D: Device> Scheduler<D> {
                 }
             }
         }
-        // Sends that raced the shutdown are reported, never dropped: those queued from now on
-        // by the thread that queues them (`SchedulerHandle::push`).
-        self.shared.exited.store(true, Ordering::SeqCst);
-        std::sync::atomic::fence(Ordering::SeqCst);
-        self.shared.drain_exited(pop_local);
     }
 
     /// Shares `peers` for queries made on this thread (`Shared::peers_seen`).
@@ -860,6 +879,68 @@ mod tests {
         fn send_done(&self, token: u64, result: Result<SendStatus, LndError>) {
             self.0.lock().unwrap().push((token, result));
         }
+    }
+
+    /// Records every `send_done`, and panics in the one for `panic_on` (before recording it),
+    /// as any bug on a scheduler thread would.
+    struct PanicOn {
+        panic_on: u64,
+        done: SendsDone,
+    }
+
+    impl LndUpcalls for PanicOn {
+        fn recv(&self, _: Nid, _: &LnetHdr, _: bool) -> RecvDisposition {
+            RecvDisposition::Drop
+        }
+        fn recv_done(&self, _: u64, _: Result<usize, LndError>) {}
+        fn send_done(&self, token: u64, result: Result<SendStatus, LndError>) {
+            assert_ne!(token, self.panic_on, "the upcall for token {token} panics");
+            self.done.send_done(token, result);
+        }
+    }
+
+    /// A driver at 10.0.0.1 on a simulated network (kept alive with it), upcalls to `up`.
+    fn sim_driver(up: Arc<dyn LndUpcalls>) -> (crate::fabric::soft::SimNet, Driver) {
+        let nid = Nid::o2ib(std::net::Ipv4Addr::new(10, 0, 0, 1));
+        let net = crate::fabric::soft::SimNet::new(1, Duration::from_micros(10));
+        let dev = SoftDevice::open_sim(&net, nid.addr(), SoftConfig::default());
+        let mut tunables = Tunables::default();
+        tunables.finalize().unwrap();
+        let config =
+            DriverConfig { nid, tunables, fabric: FabricChoice::Soft(SoftConfig::default()), seed: Some(1) };
+        (net, Driver::start_on(dev, config, up).unwrap())
+    }
+
+    /// A send to `ip` with token `token`.
+    fn send_to(ip: std::net::Ipv4Addr, token: u64) -> LndSend {
+        let Cmd::Send(mut msg) = send(token) else { unreachable!() };
+        msg.target = Nid::o2ib(ip);
+        msg.hdr.dest = ProcessId::new(msg.target, ProcessId::PID_LUSTRE);
+        msg
+    }
+
+    /// A panic on the scheduler thread (here in an upcall) ends the transmits its engine held
+    /// and every send queued for it, then and later, with an error: before, the engine was
+    /// dropped with them and later sends sat in the queue of a thread that was gone, none of
+    /// them ever reported.
+    #[test]
+    fn a_panicking_scheduler_ends_every_send_it_held_or_was_given() {
+        let up = Arc::new(PanicOn { panic_on: 1, done: SendsDone::default() });
+        let (_net, driver) = sim_driver(up.clone());
+        // Connecting to a port nobody answers: held by the engine for seconds.
+        driver.send(send_to(std::net::Ipv4Addr::new(10, 0, 0, 2), 10)).unwrap();
+        // The broadcast address does not resolve: failed at once, in the upcall that panics.
+        driver.send(send_to(std::net::Ipv4Addr::BROADCAST, 1)).unwrap();
+        driver.schedulers[0].join();
+        // A send after the scheduler is gone: refused, or reported.
+        let late = driver.send(send_to(std::net::Ipv4Addr::new(10, 0, 0, 3), 11));
+        let done = std::mem::take(&mut *up.done.0.lock().unwrap());
+        let count = |t: u64| done.iter().filter(|(token, r)| *token == t && r.is_err()).count();
+        assert_eq!(count(10), 1, "the held transmit ends once with an error: {done:?}");
+        assert_eq!(count(11) + usize::from(late.is_err()), 1, "the late send ends once: {done:?}");
+        assert_eq!(done.len(), count(10) + count(11), "nothing else: {done:?}");
+        assert!(driver.stats().is_none(), "no stats from a scheduler that is gone");
+        driver.shutdown();
     }
 
     /// A send that passed `Lnd::send`'s `stopping` check just before another thread shut the
