@@ -533,18 +533,30 @@ impl Lnd for Driver {
         }
     }
 
+    /// Stops every scheduler and waits for them. From one of the driver's own event callbacks
+    /// (or a drop of the last handle there), it cannot wait for the calling scheduler, which
+    /// goes on with its shutdown once the callback returns: it waits for the others only, and
+    /// leaves the same-host registry to a later call from another thread (or to the device's
+    /// last handle).
     fn shutdown(&self) {
         if !self.stopping.swap(true, Ordering::AcqRel) {
             for s in &self.schedulers {
                 s.push(Cmd::Shutdown);
             }
         }
+        let running = RUNNING.with(Cell::get);
+        let mut own = false;
         for s in &self.schedulers {
-            s.join();
+            // Joining the calling thread itself would panic (EDEADLK) inside the callback.
+            if Arc::as_ptr(&s.shared) == running {
+                own = true;
+            } else {
+                s.join();
+            }
         }
         // Nothing moves any more: leave the same-host registry now (cached registrations of
         // LNet buffers may keep the device itself alive until the process exits).
-        if let Some(soft) = &self.soft {
+        if let Some(soft) = self.soft.as_ref().filter(|_| !own) {
             soft.close_same_host();
         }
     }
@@ -941,6 +953,55 @@ mod tests {
         assert_eq!(done.len(), count(10) + count(11), "nothing else: {done:?}");
         assert!(driver.stats().is_none(), "no stats from a scheduler that is gone");
         driver.shutdown();
+    }
+
+    /// Calls `Lnd::shutdown` from the `send_done` for `token` and tells `returned` whether
+    /// that call returned (rather than panicked).
+    struct ShutdownFromUpcall {
+        token: u64,
+        driver: std::sync::OnceLock<std::sync::Weak<Driver>>,
+        returned: Mutex<mpsc::Sender<bool>>,
+        done: SendsDone,
+    }
+
+    impl LndUpcalls for ShutdownFromUpcall {
+        fn recv(&self, _: Nid, _: &LnetHdr, _: bool) -> RecvDisposition {
+            RecvDisposition::Drop
+        }
+        fn recv_done(&self, _: u64, _: Result<usize, LndError>) {}
+        fn send_done(&self, token: u64, result: Result<SendStatus, LndError>) {
+            self.done.send_done(token, result);
+            if token == self.token {
+                let driver = self.driver.get().and_then(std::sync::Weak::upgrade);
+                let ran = panic::catch_unwind(AssertUnwindSafe(|| driver.iter().for_each(|d| d.shutdown())));
+                let _ = self.returned.lock().unwrap().send(ran.is_ok());
+            }
+        }
+    }
+
+    /// `Lnd::shutdown` from an event callback returns, and the shutdown it started ends every
+    /// transmit once: before, it joined its own scheduler thread, which panics ("Resource
+    /// deadlock avoided"), inside the upcall.
+    #[test]
+    fn shutdown_from_an_upcall_returns_and_ends_every_transmit() {
+        let (tx, returned) = mpsc::channel();
+        let up = Arc::new(ShutdownFromUpcall {
+            token: 1,
+            driver: std::sync::OnceLock::new(),
+            returned: Mutex::new(tx),
+            done: SendsDone::default(),
+        });
+        let (_net, driver) = sim_driver(up.clone());
+        let driver = Arc::new(driver);
+        up.driver.set(Arc::downgrade(&driver)).unwrap();
+        driver.send(send_to(std::net::Ipv4Addr::new(10, 0, 0, 2), 10)).unwrap();
+        driver.send(send_to(std::net::Ipv4Addr::BROADCAST, 1)).unwrap();
+        let ok = returned.recv_timeout(Duration::from_secs(30)).expect("the upcall ran");
+        assert!(ok, "Lnd::shutdown from an upcall returns");
+        driver.shutdown();
+        let done = std::mem::take(&mut *up.done.0.lock().unwrap());
+        let ended = |t: u64| done.iter().filter(|(token, r)| *token == t && r.is_err()).count();
+        assert_eq!((ended(1), ended(10), done.len()), (1, 1, 2), "each ends once: {done:?}");
     }
 
     /// A send that passed `Lnd::send`'s `stopping` check just before another thread shut the
