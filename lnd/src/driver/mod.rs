@@ -41,7 +41,7 @@ use std::os::fd::RawFd;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -67,6 +67,9 @@ const DEVICE_BASE: usize = 1;
 const CQ_BASE: usize = 1 << 20;
 /// How long a shutdown may take to drain before everything is abandoned.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// How long [`Lnd::shutdown`] waits for the scheduler threads: their grace, and time for the
+/// abandon and the final drain after it.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 /// Longest sleep between turns (bounds the latency of anything not fd-driven).
 const MAX_SLEEP: Duration = Duration::from_millis(250);
 /// While a scheduler spins, how often it also asks the kernel (epoll for sockets and wakers,
@@ -185,6 +188,10 @@ struct Shared {
     /// [`Driver::link`] without asking the scheduler.
     link: AtomicU8,
     upcalls: Arc<dyn LndUpcalls>,
+    /// The scheduler thread is done (set as it ends, panicking or not), with `finished_cv`:
+    /// what [`Lnd::shutdown`] waits for, with a bound, before it joins the thread.
+    finished: Mutex<bool>,
+    finished_cv: Condvar,
 }
 
 /// A [`LinkState`] as stored in [`Shared::link`], ordered from best to worst.
@@ -280,6 +287,17 @@ impl SchedulerHandle {
         }
     }
 
+    /// Waits at most `timeout` for the scheduler thread to end; whether it has.
+    fn wait_finished(&self, timeout: Duration) -> bool {
+        let done = self.shared.finished.lock().unwrap_or_else(PoisonError::into_inner);
+        let (done, _) = self
+            .shared
+            .finished_cv
+            .wait_timeout_while(done, timeout, |done| !*done)
+            .unwrap_or_else(PoisonError::into_inner);
+        *done
+    }
+
     fn join(&self) {
         let handle = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
         if let Some(h) = handle {
@@ -292,6 +310,8 @@ impl SchedulerHandle {
 pub struct Driver {
     nid: Nid,
     stopping: AtomicBool,
+    /// How long [`Lnd::shutdown`] waits for the schedulers to stop.
+    shutdown_wait: Duration,
     /// One per scheduler thread; a peer's work goes to `schedulers[shard_of(peer)]`.
     schedulers: Vec<SchedulerHandle>,
     /// A handle on the software device, for leak checks after shutdown.
@@ -368,7 +388,13 @@ impl Driver {
             engine.set_early_sends(early_sends);
             engines.push(engine);
         }
-        let mut driver = Driver { nid, stopping: AtomicBool::new(false), schedulers: Vec::new(), soft: None };
+        let mut driver = Driver {
+            nid,
+            stopping: AtomicBool::new(false),
+            shutdown_wait: SHUTDOWN_WAIT,
+            schedulers: Vec::new(),
+            soft: None,
+        };
         for (i, ((engine, poll), waker)) in engines.into_iter().zip(polls).zip(wakers).enumerate() {
             let shared = Arc::new(Shared {
                 queue: SegQueue::new(),
@@ -378,6 +404,8 @@ impl Driver {
                 exited: AtomicBool::new(false),
                 peers_seen: Mutex::new(Vec::new()),
                 link: AtomicU8::new(link_code(engine.link())),
+                finished: Mutex::new(false),
+                finished_cv: Condvar::new(),
             });
             let s2 = shared.clone();
             let name = if n == 1 {
@@ -533,7 +561,8 @@ impl Lnd for Driver {
         }
     }
 
-    /// Stops every scheduler and waits for them. From one of the driver's own event callbacks
+    /// Stops every scheduler and waits for them, 5 s at most in all (one stuck in
+    /// an upcall is left to finish on its own). From one of the driver's own event callbacks
     /// (or a drop of the last handle there), it cannot wait for the calling scheduler, which
     /// goes on with its shutdown once the callback returns: it waits for the others only, and
     /// leaves the same-host registry to a later call from another thread (or to the device's
@@ -545,18 +574,29 @@ impl Lnd for Driver {
             }
         }
         let running = RUNNING.with(Cell::get);
-        let mut own = false;
+        let mut all_stopped = true;
+        let clock = Clock::new();
         for s in &self.schedulers {
             // Joining the calling thread itself would panic (EDEADLK) inside the callback.
             if Arc::as_ptr(&s.shared) == running {
-                own = true;
-            } else {
+                all_stopped = false;
+                continue;
+            }
+            // One bound for all of them: a scheduler stuck in an upcall does not hang this.
+            let left =
+                self.shutdown_wait.saturating_sub(clock.now().saturating_duration_since(Instant::ZERO));
+            if s.wait_finished(left) {
                 s.join();
+            } else {
+                // Left running (detached if the driver goes): it still ends its transmits
+                // when it moves again, and a later shutdown waits for it again.
+                eprintln!("lnd: {}: a scheduler did not stop within {:?}", self.nid, self.shutdown_wait);
+                all_stopped = false;
             }
         }
         // Nothing moves any more: leave the same-host registry now (cached registrations of
         // LNet buffers may keep the device itself alive until the process exits).
-        if let Some(soft) = self.soft.as_ref().filter(|_| !own) {
+        if let Some(soft) = self.soft.as_ref().filter(|_| all_stopped) {
             soft.close_same_host();
         }
     }
@@ -576,6 +616,16 @@ struct Scheduler<D: Device> {
     cq_fds: FastMap<RawFd, usize>,
     turns: u64,
     busy_poll_usec: u32,
+}
+
+/// Marks its scheduler finished when dropped ([`Shared::finished`]).
+struct Finished(Arc<Shared>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        *self.0.finished.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.0.finished_cv.notify_all();
+    }
 }
 
 impl<D: Device> Scheduler<D> {
@@ -609,7 +659,15 @@ impl<D: Device> Scheduler<D> {
         }
     }
 
-    fn run(mut self) {
+    fn run(self) {
+        // Set last, once the engine and its device objects are gone too, whatever happens
+        // (a guard: also if an upcall of the final drain panics).
+        let _finished = Finished(self.shared.clone());
+        self.run_and_drain();
+    }
+
+    /// The turns, then the end of whatever is left (see [`Scheduler::run`]).
+    fn run_and_drain(mut self) {
         RUNNING.with(|r| r.set(Arc::as_ptr(&self.shared)));
         // A panic on this thread (a bug here, in the engine or in an upcall) must neither drop
         // the transmits the engine holds nor leave commands in a queue nobody takes any more.
@@ -943,7 +1001,7 @@ mod tests {
         driver.send(send_to(std::net::Ipv4Addr::new(10, 0, 0, 2), 10)).unwrap();
         // The broadcast address does not resolve: failed at once, in the upcall that panics.
         driver.send(send_to(std::net::Ipv4Addr::BROADCAST, 1)).unwrap();
-        driver.schedulers[0].join();
+        assert!(driver.schedulers[0].wait_finished(Duration::from_secs(20)), "the scheduler ends");
         // A send after the scheduler is gone: refused, or reported.
         let late = driver.send(send_to(std::net::Ipv4Addr::new(10, 0, 0, 3), 11));
         let done = std::mem::take(&mut *up.done.0.lock().unwrap());
@@ -1004,7 +1062,56 @@ mod tests {
         assert_eq!((ended(1), ended(10), done.len()), (1, 1, 2), "each ends once: {done:?}");
     }
 
-    /// A send that passed `Lnd::send`'s `stopping` check just before another thread shut the
+    /// Blocks in the `send_done` for `token` until `release` says so (or a minute passes).
+    struct BlockOn {
+        token: u64,
+        release: Mutex<mpsc::Receiver<()>>,
+        done: SendsDone,
+    }
+
+    impl LndUpcalls for BlockOn {
+        fn recv(&self, _: Nid, _: &LnetHdr, _: bool) -> RecvDisposition {
+            RecvDisposition::Drop
+        }
+        fn recv_done(&self, _: u64, _: Result<usize, LndError>) {}
+        fn send_done(&self, token: u64, result: Result<SendStatus, LndError>) {
+            self.done.send_done(token, result);
+            if token == self.token {
+                let _ = self.release.lock().unwrap().recv_timeout(Duration::from_secs(60));
+            }
+        }
+    }
+
+    /// `Driver::shutdown` returns within its bound while a scheduler is stuck (here in an
+    /// upcall that blocks, against the rules): before, it joined the thread without a bound
+    /// and hung as long as the upcall did. The stuck scheduler still ends its transmits once
+    /// it moves again, and a later shutdown waits for it.
+    #[test]
+    fn shutdown_returns_in_bounded_time_while_a_scheduler_is_stuck() {
+        let (release, rx) = mpsc::channel();
+        let up = Arc::new(BlockOn { token: 1, release: Mutex::new(rx), done: SendsDone::default() });
+        let (_net, mut driver) = sim_driver(up.clone());
+        driver.shutdown_wait = Duration::from_millis(100);
+        let driver = Arc::new(driver);
+        driver.send(send_to(std::net::Ipv4Addr::new(10, 0, 0, 2), 10)).unwrap();
+        driver.send(send_to(std::net::Ipv4Addr::BROADCAST, 1)).unwrap();
+        let (stopped, stopped_rx) = mpsc::channel();
+        let d = driver.clone();
+        let stopper = std::thread::spawn(move || {
+            d.shutdown();
+            let _ = stopped.send(());
+        });
+        let returned = stopped_rx.recv_timeout(Duration::from_secs(20));
+        release.send(()).unwrap();
+        stopper.join().unwrap();
+        assert!(returned.is_ok(), "Driver::shutdown did not return while the scheduler was stuck");
+        assert!(driver.schedulers[0].wait_finished(Duration::from_secs(20)), "it stops once released");
+        driver.shutdown();
+        let done = std::mem::take(&mut *up.done.0.lock().unwrap());
+        let ended = |t: u64| done.iter().filter(|(token, r)| *token == t && r.is_err()).count();
+        assert_eq!((ended(1), ended(10), done.len()), (1, 1, 2), "each ends once: {done:?}");
+    }
+
     /// driver down reaches the queue after the scheduler's final drain: the thread that
     /// queued it reports it (before, it sat there unreported for good).
     #[test]
