@@ -11,6 +11,11 @@ use crate::lnd::{Frag, Frags, frags_len};
 use crate::matching::{MdHandle, MdOptions, MdSpec, Threshold};
 use crate::nid::Nid;
 
+/// The longest MD: 4 GiB − 2 bytes. An LNet length is 32 bits, and an ACK's `mlength` of
+/// `u32::MAX` is the drop NAK ([`super::DROP_NAK_MLENGTH`]), so a PUT that filled an MD of
+/// 4 GiB − 1 bytes would be ACKed with a value its initiator reads as "dropped".
+pub const MD_LENGTH_MAX: u64 = u32::MAX as u64 - 1;
+
 /// A memory descriptor over caller buffers (`struct lnet_md`).
 ///
 /// The memory is a list of fragments (one for a contiguous buffer); LNet and the LND access it
@@ -91,7 +96,7 @@ impl Md {
             return Err(LnetError::BadFragment { index });
         }
         let length = self.length();
-        if length > u64::from(u32::MAX) {
+        if length > MD_LENGTH_MAX {
             return Err(LnetError::MdTooLong { length });
         }
         if !attached && self.max_size.is_some() {

@@ -68,7 +68,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::Duration;
 
-pub use md::Md;
+pub use md::{MD_LENGTH_MAX, Md};
 pub use networks::{NetworkSpec, NetworksError, parse_networks, resolve_nid};
 pub use stats::{DropCounts, LnetStats, MsgCounters, NiStats, NiStatus, PeerStats};
 
@@ -85,7 +85,8 @@ use self::recv::NiUpcalls;
 
 /// The `mlength` of an lnet-shim "drop NAK": an ACK saying that the PUT it answers was dropped
 /// by the target (no match, too long, ...). The initiator's ACK event then carries
-/// `Err(Errno::ENODATA)` and `mlength` 0. Kernel LNet never sends this value.
+/// `Err(Errno::ENODATA)` and `mlength` 0. Kernel LNet never sends this value; no MD is that
+/// long ([`MD_LENGTH_MAX`]), so no real ACK carries it either.
 pub const DROP_NAK_MLENGTH: u32 = u32::MAX;
 
 /// Whether a PUT asks for an ACK (`enum lnet_ack_req`).
@@ -189,8 +190,9 @@ pub enum LnetError {
         /// The fragment's index in [`Md::frags`].
         index: usize,
     },
-    /// The MD is longer than an LNet message's 32-bit length field.
-    #[error("an MD of {length} bytes is longer than an LNet message can carry")]
+    /// The MD is longer than [`MD_LENGTH_MAX`] (4 GiB − 2): an LNet length is 32 bits, and
+    /// `u32::MAX` is taken by the drop NAK.
+    #[error("an MD of {length} bytes is longer than an LNet message can carry (at most {MD_LENGTH_MAX})")]
     MdTooLong {
         /// The MD's length.
         length: u64,

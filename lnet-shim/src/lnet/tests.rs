@@ -1141,3 +1141,73 @@ fn a_get_whose_reply_cannot_be_sent_at_shutdown_ends_with_eshutdown() {
     assert_eq!((e.kind, e.status), (EventKind::Get, Err(Errno::ESHUTDOWN)));
     no_more(&q);
 }
+
+/// An MD of `len` bytes without the memory: fragments that all point into one 1 MiB buffer.
+fn huge_md(len: u64) -> Md {
+    let chunk = Arc::new(Buffer::new(1 << 20));
+    let mut frags = Vec::new();
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(1 << 20);
+        frags.push(crate::lnd::Frag { buf: chunk.clone(), offset: 0, len: n as usize });
+        left -= n;
+    }
+    Md::new(frags)
+}
+
+/// An ACK's `mlength` of `u32::MAX` is the drop NAK, so no MD may be 4 GiB − 1 bytes long: a
+/// PUT that filled one would be ACKed with the drop NAK's value and its initiator would be
+/// told `-ENODATA` for a delivered PUT. Such an MD is refused (bound or attached); one byte
+/// less is accepted, and a PUT that fills it is ACKed with its length.
+#[test]
+fn an_md_whose_full_ack_would_read_as_a_drop_nak_is_refused() {
+    use crate::hdr::{PutMsg, WireHandle};
+    let nid: Nid = "10.0.26.1@o2ib".parse().unwrap();
+    let peer = ProcessId::new("10.0.26.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+    let acks = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let lnet = Lnet::new(LnetConfig::default());
+    let mut up = None;
+    let seen = acks.clone();
+    lnet.add_ni(nid, 8, 8, |u| {
+        up = Some(u);
+        let on_send = move |msg: LndSend| {
+            if let LnetMsg::Ack(a) = msg.hdr.msg {
+                seen.lock().unwrap().push(a.mlength);
+            }
+        };
+        Ok::<_, std::io::Error>(Arc::new(FnLnd { nid, on_send }) as Arc<dyn Lnd>)
+    })
+    .unwrap();
+    let up = up.unwrap();
+    let max = u64::from(u32::MAX);
+    assert!(matches!(lnet.md_bind(huge_md(max), Unlink::Retain), Err(LnetError::MdTooLong { .. })));
+    let put = huge_md(max).with_options(MdOptions::OP_PUT);
+    assert!(matches!(
+        lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, 1), put, Unlink::Retain),
+        Err(LnetError::MdTooLong { .. })
+    ));
+    let q = EventQueue::new(8);
+    let put = huge_md(max - 1).with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE).with_events(q.clone());
+    lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, 1), put, Unlink::Retain).unwrap();
+    let hdr = LnetHdr {
+        dest: ProcessId::new(nid, ProcessId::PID_LUSTRE),
+        src: peer,
+        payload_length: u32::MAX,
+        msg: LnetMsg::Put(PutMsg {
+            ack_wmd: WireHandle::new(1, 2),
+            match_bits: 1,
+            hdr_data: 0,
+            ptl_index: PORTAL,
+            offset: 0,
+        }),
+    };
+    let crate::lnd::RecvDisposition::Sink { mlength, token, .. } = up.recv(peer.nid, &hdr, true) else {
+        panic!("the PUT matched");
+    };
+    assert_eq!(mlength as u64, max - 1);
+    up.recv_done(token, Ok(mlength));
+    let put = next(&q);
+    assert_eq!((put.kind, put.status, put.mlength), (EventKind::Put, Ok(()), max - 1));
+    assert_eq!(*acks.lock().unwrap(), [u32::MAX - 1]);
+    assert_ne!(u32::MAX - 1, DROP_NAK_MLENGTH);
+}
