@@ -100,6 +100,11 @@ impl State {
             return Parsed::Drop;
         }
         let rlength = u64::from(hdr.payload_length);
+        // First: a message whose source is not the peer it came from is answered nowhere (a
+        // drop NAK would go to whatever source it names).
+        if from != hdr.src.nid {
+            return self.dropped(ni, from, rlength, DropWhy::Routed);
+        }
         if !self.is_local(hdr.dest.nid) || hdr.dest.pid != self.pid {
             if let LnetMsg::Put(p) = hdr.msg {
                 if self.is_local(hdr.dest.nid) && !rdma && !p.ack_wmd.is_none() {
@@ -117,9 +122,6 @@ impl State {
                 }
             }
             return self.dropped(ni, from, rlength, DropWhy::NotForMe);
-        }
-        if from != hdr.src.nid {
-            return self.dropped(ni, from, rlength, DropWhy::Routed);
         }
         match hdr.msg {
             LnetMsg::Put(p) => self.recv_put(ni, from, hdr, p, rdma, work),

@@ -1211,3 +1211,41 @@ fn an_md_whose_full_ack_would_read_as_a_drop_nak_is_refused() {
     assert_eq!(*acks.lock().unwrap(), [u32::MAX - 1]);
     assert_ne!(u32::MAX - 1, DROP_NAK_MLENGTH);
 }
+
+/// A small PUT with ACK for another pid on our NID whose LNet source is not the LND peer it
+/// came from (a routed or forged message) is dropped as `routed`, and no drop NAK goes to the
+/// source it names: LNet answers only the peer a message came from.
+#[test]
+fn a_routed_put_for_another_pid_is_not_answered_with_a_drop_nak() {
+    use crate::hdr::{PutMsg, WireHandle};
+    let nid: Nid = "10.0.27.1@o2ib".parse().unwrap();
+    let from: Nid = "10.0.27.2@o2ib".parse().unwrap();
+    let named = ProcessId::new("10.0.27.3@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+    let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let lnet = Lnet::new(LnetConfig::default());
+    let mut up = None;
+    let seen = sent.clone();
+    lnet.add_ni(nid, 8, 8, |u| {
+        up = Some(u);
+        let on_send = move |msg: LndSend| seen.lock().unwrap().push(msg.target);
+        Ok::<_, std::io::Error>(Arc::new(FnLnd { nid, on_send }) as Arc<dyn Lnd>)
+    })
+    .unwrap();
+    let up = up.unwrap();
+    let hdr = LnetHdr {
+        dest: ProcessId::new(nid, 99),
+        src: named,
+        payload_length: 8,
+        msg: LnetMsg::Put(PutMsg {
+            ack_wmd: WireHandle::new(1, 2),
+            match_bits: 1,
+            hdr_data: 0,
+            ptl_index: PORTAL,
+            offset: 0,
+        }),
+    };
+    up.recv_immediate(from, &hdr, &[0; 8]);
+    assert!(sent.lock().unwrap().is_empty(), "answered {:?}", sent.lock().unwrap());
+    let d = lnet.stats().nis[0].drops;
+    assert_eq!((d.routed, d.not_for_me), (1, 0));
+}
