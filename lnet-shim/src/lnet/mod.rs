@@ -352,6 +352,9 @@ struct Inner {
     /// call even with nobody waiting).
     quiet: Condvar,
     quiet_waiters: AtomicUsize,
+    /// Signalled when a shutdown is complete (for a [`Lnet::shutdown`] that found another
+    /// under way).
+    down: Condvar,
     /// Events queued under `state` for whoever delivers next, in order.
     outbox: Mutex<VecDeque<(EventSink, Event)>>,
     /// How many events `outbox` holds (changed under its lock): a run that queues none looks
@@ -418,6 +421,7 @@ impl Lnet {
             }),
             quiet: Condvar::new(),
             quiet_waiters: AtomicUsize::new(0),
+            down: Condvar::new(),
             outbox: Mutex::new(VecDeque::new()),
             outbox_len: AtomicUsize::new(0),
             delivering: Mutex::new(VecDeque::new()),
@@ -649,7 +653,9 @@ impl Lnet {
 
     /// Shuts LNet down: new calls are refused, messages waiting for credits fail, the LNDs are
     /// shut down (they report every pending send and receive with an error), and every
-    /// operation still waiting for a response ends with an `-ESHUTDOWN` event. Idempotent.
+    /// operation still waiting for a response ends with an `-ESHUTDOWN` event. Idempotent; a
+    /// call while another is under way (another thread's, or the last handle's drop) returns
+    /// when that one is done.
     pub fn shutdown(&self) {
         self.inner.shutdown();
     }
@@ -787,22 +793,31 @@ impl Inner {
         }
     }
 
+    /// The first call shuts the LNDs down and ends what they left open; a call while that is
+    /// under way returns once it is done (until then the LNDs may still move data and report
+    /// operations, so ending them here too would report them over too early).
     fn shutdown(&self) {
         let lnds = self.run(|st, work| {
             if st.phase != Phase::Running {
-                return Vec::new();
+                return None;
             }
             st.phase = Phase::ShuttingDown;
             st.fail_queued(work);
-            st.nis.iter().filter_map(|n| n.lnd.clone()).collect::<Vec<_>>()
+            Some(st.nis.iter().filter_map(|n| n.lnd.clone()).collect::<Vec<_>>())
         });
+        let Some(lnds) = lnds else {
+            let st = self.lock();
+            drop(
+                self.down
+                    .wait_while(st, |st| st.phase != Phase::Down)
+                    .unwrap_or_else(PoisonError::into_inner),
+            );
+            return;
+        };
         for lnd in lnds {
             lnd.shutdown();
         }
         self.run(|st, work| {
-            if st.phase == Phase::Down {
-                return;
-            }
             st.abort_everything(work);
             st.phase = Phase::Down;
             for ni in &mut st.nis {
@@ -811,6 +826,7 @@ impl Inner {
                 }
             }
         });
+        self.down.notify_all();
     }
 }
 

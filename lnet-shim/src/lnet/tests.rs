@@ -1249,3 +1249,97 @@ fn a_routed_put_for_another_pid_is_not_answered_with_a_drop_nak() {
     let d = lnet.stats().nis[0].drops;
     assert_eq!((d.routed, d.not_for_me), (1, 0));
 }
+
+/// An LND that keeps its sends and, when shut down, says so on `entered`, waits for `release`
+/// and then reports every kept send as failed (as an LND shutting down does).
+struct SlowShutdownLnd {
+    nid: Nid,
+    up: std::sync::Mutex<Option<Arc<dyn LndUpcalls>>>,
+    kept: std::sync::Mutex<Vec<u64>>,
+    entered: std::sync::mpsc::SyncSender<()>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Lnd for SlowShutdownLnd {
+    fn nid(&self) -> Nid {
+        self.nid
+    }
+
+    fn send(&self, msg: LndSend) -> Result<(), crate::lnd::LndError> {
+        self.kept.lock().unwrap().push(msg.token);
+        Ok(())
+    }
+
+    fn peers(&self) -> Vec<crate::lnd::PeerInfo> {
+        Vec::new()
+    }
+
+    fn close_peer(&self, _peer: Nid) {}
+
+    fn shutdown(&self) {
+        let _ = self.entered.try_send(());
+        let _ = self.release.lock().unwrap().recv_timeout(WAIT);
+        let up = self.up.lock().unwrap().clone();
+        for token in std::mem::take(&mut *self.kept.lock().unwrap()) {
+            if let Some(up) = &up {
+                up.send_done(token, Err(LndError::new(Errno::ECONNABORTED, Health::LocalDropped)));
+            }
+        }
+    }
+}
+
+/// A second `shutdown` while the first is still shutting the LNDs down returns only once the
+/// first is done: before, it ended every operation at once with `-ESHUTDOWN` (the PUT's SEND
+/// and ACK events said it was over while the LND still held the send, and could still read
+/// its buffer) and returned while the LND was still running.
+#[test]
+fn a_second_shutdown_waits_for_the_lnds_the_first_is_shutting_down() {
+    let nid: Nid = "10.0.28.1@o2ib".parse().unwrap();
+    let peer = ProcessId::new("10.0.28.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+    let (entered_tx, entered) = std::sync::mpsc::sync_channel(1);
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let lnd = Arc::new(SlowShutdownLnd {
+        nid,
+        up: std::sync::Mutex::new(None),
+        kept: std::sync::Mutex::new(Vec::new()),
+        entered: entered_tx,
+        release: std::sync::Mutex::new(release_rx),
+    });
+    let lnet = Lnet::new(LnetConfig::default());
+    let started = lnd.clone();
+    lnet.add_ni(nid, 8, 8, |u| {
+        *started.up.lock().unwrap() = Some(u);
+        Ok::<_, std::io::Error>(started.clone() as Arc<dyn Lnd>)
+    })
+    .unwrap();
+    let q = EventQueue::new(8);
+    let md = Md::contiguous(buf(&[1; 64])).with_threshold(Threshold::Count(2)).with_events(q.clone());
+    let h = lnet.md_bind(md, Unlink::Auto).unwrap();
+    lnet.put(h, AckReq::Ack, peer, PORTAL, 1, 0, 0).unwrap();
+    assert_eq!(lnd.kept.lock().unwrap().len(), 1);
+
+    let first = {
+        let lnet = lnet.clone();
+        std::thread::spawn(move || lnet.shutdown())
+    };
+    entered.recv_timeout(WAIT).expect("the first shutdown reached the LND");
+    let (second_done_tx, second_done) = std::sync::mpsc::channel();
+    let second = {
+        let lnet = lnet.clone();
+        std::thread::spawn(move || {
+            lnet.shutdown();
+            let _ = second_done_tx.send(());
+        })
+    };
+    // While the LND is still shutting down, the second call has not returned and the PUT has
+    // not ended.
+    assert!(second_done.recv_timeout(Duration::from_millis(200)).is_err(), "the second shutdown returned");
+    assert_eq!(q.poll(), None, "the PUT ended while the LND still held it");
+    release.send(()).unwrap();
+    first.join().unwrap();
+    second.join().unwrap();
+    let (send, ack) = (next(&q), next(&q));
+    assert_eq!((send.kind, send.status), (EventKind::Send, Err(Errno::ECONNABORTED)));
+    assert_eq!((ack.kind, ack.status, ack.unlinked), (EventKind::Ack, Err(Errno::ECONNABORTED), true));
+    no_more(&q);
+}
