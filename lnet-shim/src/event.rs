@@ -238,13 +238,18 @@ pub struct EventQueue {
 }
 
 impl EventQueue {
-    /// A queue holding at most `capacity` unread events (at least 1).
+    /// The most events [`EventQueue::new`] allocates room for up front.
+    pub const PREALLOCATED: usize = 4096;
+
+    /// A queue holding at most `capacity` unread events (at least 1). Room for up to
+    /// [`EventQueue::PREALLOCATED`] of them is allocated at once, the rest as they arrive, so
+    /// a large bound (even `usize::MAX`) costs nothing until events fill it.
     pub fn new(capacity: usize) -> EventQueue {
         let capacity = capacity.max(1);
         EventQueue {
             shared: Arc::new(Shared {
                 ring: Mutex::new(Ring {
-                    events: VecDeque::with_capacity(capacity),
+                    events: VecDeque::with_capacity(capacity.min(Self::PREALLOCATED)),
                     capacity,
                     dropped_total: 0,
                     dropped_unreported: 0,
@@ -415,6 +420,20 @@ mod tests {
         assert_eq!(got, (0..10).collect::<Vec<_>>());
         assert_eq!(q.poll(), None);
         assert_eq!(q.take_overflow(), 0);
+    }
+
+    /// Any capacity is accepted: only room for the first events is allocated up front
+    /// (before, `with_capacity(capacity)` panicked with "capacity overflow" for `usize::MAX`
+    /// and aborted the process on a failed allocation for a merely large bound).
+    #[test]
+    fn a_huge_capacity_is_a_bound_not_an_allocation() {
+        let q = EventQueue::new(usize::MAX);
+        assert_eq!(q.capacity(), usize::MAX);
+        for n in 0..(EventQueue::PREALLOCATED as u64 + 10) {
+            q.push(event(n));
+        }
+        assert_eq!((q.len(), q.dropped()), (EventQueue::PREALLOCATED + 10, 0));
+        assert_eq!(q.poll().map(|e| e.match_bits), Some(0));
     }
 
     #[test]
