@@ -340,6 +340,12 @@ impl EventQueue {
 /// [`Lnet`](crate::Lnet) handle, or wait for anything an LND thread has to answer.
 /// [`Lnet::stats`](crate::Lnet::stats) may be called: the o2iblnd answers for the scheduler
 /// running the callback from the peer list it shared at most a second before.
+///
+/// A callback that owns an [`Lnet`](crate::Lnet) clone keeps LNet alive: the MD holds the
+/// callback, so dropping every other handle does not shut LNet down (its LND threads and ports
+/// stay), and when the MD finally goes the callback is dropped on the delivering thread,
+/// which must not be the last handle's drop. Call [`Lnet::shutdown`](crate::Lnet::shutdown)
+/// explicitly when callbacks hold handles.
 pub type EventCallback = Arc<dyn Fn(&Event) + Send + Sync>;
 
 /// Where an MD's events go.
