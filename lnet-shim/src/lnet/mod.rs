@@ -814,9 +814,13 @@ impl Inner {
             );
             return;
         };
-        for lnd in lnds {
-            lnd.shutdown();
-        }
+        // An LND that panics in its shutdown must not leave the callers waiting above (and
+        // the last handle's drop) hanging: LNet still goes down, then the panic goes on.
+        let stopped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for lnd in lnds {
+                lnd.shutdown();
+            }
+        }));
         self.run(|st, work| {
             st.abort_everything(work);
             st.phase = Phase::Down;
@@ -827,6 +831,9 @@ impl Inner {
             }
         });
         self.down.notify_all();
+        if let Err(panic) = stopped {
+            std::panic::resume_unwind(panic);
+        }
     }
 }
 

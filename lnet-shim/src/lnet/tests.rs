@@ -1343,3 +1343,60 @@ fn a_second_shutdown_waits_for_the_lnds_the_first_is_shutting_down() {
     assert_eq!((ack.kind, ack.status, ack.unlinked), (EventKind::Ack, Err(Errno::ECONNABORTED), true));
     no_more(&q);
 }
+
+/// An LND that panics when shut down.
+struct PanickingShutdownLnd {
+    nid: Nid,
+}
+
+impl Lnd for PanickingShutdownLnd {
+    fn nid(&self) -> Nid {
+        self.nid
+    }
+
+    fn send(&self, _msg: LndSend) -> Result<(), crate::lnd::LndError> {
+        Ok(())
+    }
+
+    fn peers(&self) -> Vec<crate::lnd::PeerInfo> {
+        Vec::new()
+    }
+
+    fn close_peer(&self, _peer: Nid) {}
+
+    fn shutdown(&self) {
+        panic!("the LND failed to shut down");
+    }
+}
+
+/// A shutdown whose LND panics still takes LNet down (the panic then reaches its caller), so
+/// a later shutdown, or the last handle's drop, does not wait for it forever; the operation
+/// the LND held ends with `-ESHUTDOWN`.
+#[test]
+fn a_shutdown_whose_lnd_panics_still_takes_lnet_down() {
+    let nid: Nid = "10.0.28.5@o2ib".parse().unwrap();
+    let peer = ProcessId::new("10.0.28.6@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+    let lnet = Lnet::new(LnetConfig::default());
+    lnet.add_ni(nid, 8, 8, |_| {
+        Ok::<_, std::io::Error>(Arc::new(PanickingShutdownLnd { nid }) as Arc<dyn Lnd>)
+    })
+    .unwrap();
+    let q = EventQueue::new(8);
+    let h = lnet.md_bind(Md::contiguous(buf(&[1; 8])).with_events(q.clone()), Unlink::Retain).unwrap();
+    lnet.put(h, AckReq::NoAck, peer, PORTAL, 1, 0, 0).unwrap();
+    let first = {
+        let lnet = lnet.clone();
+        std::thread::spawn(move || lnet.shutdown())
+    };
+    assert!(first.join().is_err(), "the LND's panic reaches the caller");
+    if lnet.stats().nis[0].status != NiStatus::Down {
+        // Still shutting down: any shutdown from here (the drop of `lnet` too) would wait for
+        // ever. Fail without one.
+        std::mem::forget(lnet);
+        panic!("LNet stayed in shutdown after its LND panicked");
+    }
+    let e = next(&q);
+    assert_eq!((e.kind, e.status), (EventKind::Send, Err(Errno::ESHUTDOWN)));
+    lnet.shutdown();
+    assert_eq!(lnet.stats().nis[0].status, NiStatus::Down);
+}
