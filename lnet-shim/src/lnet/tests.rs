@@ -1400,3 +1400,52 @@ fn a_shutdown_whose_lnd_panics_still_takes_lnet_down() {
     lnet.shutdown();
     assert_eq!(lnet.stats().nis[0].status, NiStatus::Down);
 }
+
+/// A REPLY message longer than the GET's MD ends the GET with `-EMSGSIZE` and writes nothing
+/// (counted as a too-long drop); with `TRUNCATE` the MD takes what it holds.
+#[test]
+fn a_reply_message_longer_than_the_md_ends_the_get_with_emsgsize_unless_it_truncates() {
+    let nid: Nid = "10.0.28.9@o2ib".parse().unwrap();
+    let peer = ProcessId::new("10.0.28.10@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+    let me = ProcessId::new(nid, ProcessId::PID_LUSTRE);
+    let lnet = Lnet::new(LnetConfig::default());
+    let sent = Arc::new(std::sync::Mutex::new(Vec::<LndSend>::new()));
+    let kept = sent.clone();
+    let lnd = Arc::new(FnLnd { nid, on_send: move |msg| kept.lock().unwrap().push(msg) });
+    let mut up = None;
+    lnet.add_ni(nid, 8, 8, |u| {
+        up = Some(u);
+        Ok::<_, std::io::Error>(lnd as Arc<dyn Lnd>)
+    })
+    .unwrap();
+    let up = up.unwrap();
+    for (options, want, mlength) in
+        [(MdOptions::empty(), Err(Errno::EMSGSIZE), 0), (MdOptions::TRUNCATE, Ok(()), 10)]
+    {
+        let q = EventQueue::new(8);
+        let sink = Arc::new(Buffer::new(10));
+        let md = Md::contiguous(sink.clone())
+            .with_options(options)
+            .with_threshold(Threshold::Count(2))
+            .with_events(q.clone());
+        let h = lnet.md_bind(md, Unlink::Auto).unwrap();
+        lnet.get(h, peer, PORTAL, 2, 0).unwrap();
+        let get = sent.lock().unwrap().pop().expect("the GET was handed to the LND");
+        let LnetMsg::Get(g) = get.hdr.msg else { panic!("a GET") };
+        up.send_done(get.token, Ok(SendStatus { reply_len: None }));
+        let reply = LnetHdr {
+            dest: me,
+            src: peer,
+            payload_length: 20,
+            msg: LnetMsg::Reply(crate::hdr::ReplyMsg { dst_wmd: g.return_wmd }),
+        };
+        up.recv_immediate(peer.nid, &reply, &[9; 20]);
+        let (send, reply) = (next(&q), next(&q));
+        assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())));
+        assert_eq!((reply.kind, reply.status, reply.unlinked), (EventKind::Reply, want, true), "{options:?}");
+        assert_eq!((reply.rlength, reply.mlength), (20, mlength), "{options:?}");
+        let expect = if want.is_ok() { [9; 10] } else { [0; 10] };
+        assert_eq!(sink.to_vec(0, 10).unwrap(), expect, "{options:?}");
+    }
+    assert_eq!(lnet.stats().nis[0].drops.too_long, 1);
+}
