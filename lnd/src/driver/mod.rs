@@ -951,20 +951,34 @@ mod tests {
         }
     }
 
-    /// Records every `send_done`, and panics in the one for `panic_on` (before recording it),
-    /// as any bug on a scheduler thread would.
-    struct PanicOn {
-        panic_on: u64,
+    /// Records every `send_done` (as [`SendsDone`]), and first runs `hook` in the one for
+    /// `token`, on the scheduler thread: a panic, a shutdown or a wait in an upcall.
+    struct HookOnSendDone {
+        token: u64,
+        hook: Box<dyn Fn() + Send + Sync>,
         done: SendsDone,
     }
 
-    impl LndUpcalls for PanicOn {
+    impl HookOnSendDone {
+        fn new(token: u64, hook: impl Fn() + Send + Sync + 'static) -> Arc<HookOnSendDone> {
+            Arc::new(HookOnSendDone { token, hook: Box::new(hook), done: SendsDone::default() })
+        }
+
+        /// The sends recorded so far, taken.
+        fn take(&self) -> Vec<(u64, Result<SendStatus, LndError>)> {
+            std::mem::take(&mut *self.done.0.lock().unwrap())
+        }
+    }
+
+    impl LndUpcalls for HookOnSendDone {
         fn recv(&self, _: Nid, _: &LnetHdr, _: bool) -> RecvDisposition {
             RecvDisposition::Drop
         }
         fn recv_done(&self, _: u64, _: Result<usize, LndError>) {}
         fn send_done(&self, token: u64, result: Result<SendStatus, LndError>) {
-            assert_ne!(token, self.panic_on, "the upcall for token {token} panics");
+            if token == self.token {
+                (self.hook)();
+            }
             self.done.send_done(token, result);
         }
     }
@@ -995,7 +1009,7 @@ mod tests {
     /// them ever reported.
     #[test]
     fn a_panicking_scheduler_ends_every_send_it_held_or_was_given() {
-        let up = Arc::new(PanicOn { panic_on: 1, done: SendsDone::default() });
+        let up = HookOnSendDone::new(1, || panic!("the upcall for token 1 panics"));
         let (_net, driver) = sim_driver(up.clone());
         // Connecting to a port nobody answers: held by the engine for seconds.
         driver.send(send_to(std::net::Ipv4Addr::new(10, 0, 0, 2), 10)).unwrap();
@@ -1004,7 +1018,7 @@ mod tests {
         assert!(driver.schedulers[0].wait_finished(Duration::from_secs(20)), "the scheduler ends");
         // A send after the scheduler is gone: refused, or reported.
         let late = driver.send(send_to(std::net::Ipv4Addr::new(10, 0, 0, 3), 11));
-        let done = std::mem::take(&mut *up.done.0.lock().unwrap());
+        let done = up.take();
         let count = |t: u64| done.iter().filter(|(token, r)| *token == t && r.is_err()).count();
         assert_eq!(count(10), 1, "the held transmit ends once with an error: {done:?}");
         assert_eq!(count(11) + usize::from(late.is_err()), 1, "the late send ends once: {done:?}");
@@ -1013,73 +1027,32 @@ mod tests {
         driver.shutdown();
     }
 
-    /// Calls `Lnd::shutdown` from the `send_done` for `token` and tells `returned` whether
-    /// that call returned (rather than panicked).
-    struct ShutdownFromUpcall {
-        token: u64,
-        driver: std::sync::OnceLock<std::sync::Weak<Driver>>,
-        returned: Mutex<mpsc::Sender<bool>>,
-        done: SendsDone,
-    }
-
-    impl LndUpcalls for ShutdownFromUpcall {
-        fn recv(&self, _: Nid, _: &LnetHdr, _: bool) -> RecvDisposition {
-            RecvDisposition::Drop
-        }
-        fn recv_done(&self, _: u64, _: Result<usize, LndError>) {}
-        fn send_done(&self, token: u64, result: Result<SendStatus, LndError>) {
-            self.done.send_done(token, result);
-            if token == self.token {
-                let driver = self.driver.get().and_then(std::sync::Weak::upgrade);
-                let ran = panic::catch_unwind(AssertUnwindSafe(|| driver.iter().for_each(|d| d.shutdown())));
-                let _ = self.returned.lock().unwrap().send(ran.is_ok());
-            }
-        }
-    }
-
     /// `Lnd::shutdown` from an event callback returns, and the shutdown it started ends every
     /// transmit once: before, it joined its own scheduler thread, which panics ("Resource
     /// deadlock avoided"), inside the upcall.
     #[test]
     fn shutdown_from_an_upcall_returns_and_ends_every_transmit() {
         let (tx, returned) = mpsc::channel();
-        let up = Arc::new(ShutdownFromUpcall {
-            token: 1,
-            driver: std::sync::OnceLock::new(),
-            returned: Mutex::new(tx),
-            done: SendsDone::default(),
+        let tx = Mutex::new(tx);
+        let me: Arc<std::sync::OnceLock<std::sync::Weak<Driver>>> = Arc::default();
+        let me2 = me.clone();
+        // Calls `Lnd::shutdown` and says whether that returned (rather than panicked).
+        let up = HookOnSendDone::new(1, move || {
+            let driver = me2.get().and_then(std::sync::Weak::upgrade);
+            let ran = panic::catch_unwind(AssertUnwindSafe(|| driver.iter().for_each(|d| d.shutdown())));
+            let _ = tx.lock().unwrap().send(ran.is_ok());
         });
         let (_net, driver) = sim_driver(up.clone());
         let driver = Arc::new(driver);
-        up.driver.set(Arc::downgrade(&driver)).unwrap();
+        me.set(Arc::downgrade(&driver)).unwrap();
         driver.send(send_to(std::net::Ipv4Addr::new(10, 0, 0, 2), 10)).unwrap();
         driver.send(send_to(std::net::Ipv4Addr::BROADCAST, 1)).unwrap();
         let ok = returned.recv_timeout(Duration::from_secs(30)).expect("the upcall ran");
         assert!(ok, "Lnd::shutdown from an upcall returns");
         driver.shutdown();
-        let done = std::mem::take(&mut *up.done.0.lock().unwrap());
+        let done = up.take();
         let ended = |t: u64| done.iter().filter(|(token, r)| *token == t && r.is_err()).count();
         assert_eq!((ended(1), ended(10), done.len()), (1, 1, 2), "each ends once: {done:?}");
-    }
-
-    /// Blocks in the `send_done` for `token` until `release` says so (or a minute passes).
-    struct BlockOn {
-        token: u64,
-        release: Mutex<mpsc::Receiver<()>>,
-        done: SendsDone,
-    }
-
-    impl LndUpcalls for BlockOn {
-        fn recv(&self, _: Nid, _: &LnetHdr, _: bool) -> RecvDisposition {
-            RecvDisposition::Drop
-        }
-        fn recv_done(&self, _: u64, _: Result<usize, LndError>) {}
-        fn send_done(&self, token: u64, result: Result<SendStatus, LndError>) {
-            self.done.send_done(token, result);
-            if token == self.token {
-                let _ = self.release.lock().unwrap().recv_timeout(Duration::from_secs(60));
-            }
-        }
     }
 
     /// `Driver::shutdown` returns within its bound while a scheduler is stuck (here in an
@@ -1089,7 +1062,11 @@ mod tests {
     #[test]
     fn shutdown_returns_in_bounded_time_while_a_scheduler_is_stuck() {
         let (release, rx) = mpsc::channel();
-        let up = Arc::new(BlockOn { token: 1, release: Mutex::new(rx), done: SendsDone::default() });
+        let rx = Mutex::new(rx);
+        // Blocks until `release` says so (or a minute passes).
+        let up = HookOnSendDone::new(1, move || {
+            let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(60));
+        });
         let (_net, mut driver) = sim_driver(up.clone());
         driver.shutdown_wait = Duration::from_millis(100);
         let driver = Arc::new(driver);
@@ -1107,7 +1084,7 @@ mod tests {
         assert!(returned.is_ok(), "Driver::shutdown did not return while the scheduler was stuck");
         assert!(driver.schedulers[0].wait_finished(Duration::from_secs(20)), "it stops once released");
         driver.shutdown();
-        let done = std::mem::take(&mut *up.done.0.lock().unwrap());
+        let done = up.take();
         let ended = |t: u64| done.iter().filter(|(token, r)| *token == t && r.is_err()).count();
         assert_eq!((ended(1), ended(10), done.len()), (1, 1, 2), "each ends once: {done:?}");
     }

@@ -865,17 +865,11 @@ fn deliver_from_many_threads(round: u8) {
 
 // ---------------------------------------------------------------- responses name their operation
 
-/// Two PUTs with ACK from one MD to one peer with the same match bits (other portals and
-/// hdr_data). PUT 2 is sent and ACKed first (an IMMEDIATE PUT overtaking an RDMA one), then
-/// PUT 1 fails (PUT_NAK). The ACK ends PUT 2, and PUT 1 ends with its error: each response
-/// names its operation. Before, the ACK went to the first PUT waiting for one with those
-/// match bits (PUT 1: ACK Ok after its SEND failed), and PUT 2 never got one.
-#[test]
-fn an_ack_ends_the_put_it_answers() {
-    let nid: Nid = "10.0.20.1@o2ib".parse().unwrap();
-    let peer = ProcessId::new("10.0.20.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+/// LNet with one NI at `nid` whose LND keeps every send it is given (the test completes them
+/// and injects the responses): the LNet, the kept sends, and the NI's upcalls.
+#[allow(clippy::type_complexity)]
+fn lnet_with_a_keeping_lnd(nid: Nid) -> (Lnet, Arc<std::sync::Mutex<Vec<LndSend>>>, Arc<dyn LndUpcalls>) {
     let lnet = Lnet::new(LnetConfig::default());
-    // An LND that keeps every send: the test completes them and injects the responses.
     let sent = Arc::new(std::sync::Mutex::new(Vec::<LndSend>::new()));
     let kept = sent.clone();
     let lnd = Arc::new(FnLnd { nid, on_send: move |msg| kept.lock().unwrap().push(msg) });
@@ -885,7 +879,20 @@ fn an_ack_ends_the_put_it_answers() {
         Ok::<_, std::io::Error>(lnd as Arc<dyn Lnd>)
     })
     .unwrap();
-    let up = up.unwrap();
+    (lnet, sent, up.expect("the LND started"))
+}
+
+/// Two PUTs with ACK from one MD to one peer with the same match bits (other portals and
+/// hdr_data). PUT 2 is sent and ACKed first (an IMMEDIATE PUT overtaking an RDMA one), then
+/// PUT 1 fails (PUT_NAK). The ACK ends PUT 2, and PUT 1 ends with its error: each response
+/// names its operation. Before, the ACK went to the first PUT waiting for one with those
+/// match bits (PUT 1: ACK Ok after its SEND failed), and PUT 2 never got one.
+#[test]
+fn an_ack_ends_the_put_it_answers() {
+    let nid: Nid = "10.0.20.1@o2ib".parse().unwrap();
+    let peer = ProcessId::new("10.0.20.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+    // An LND that keeps every send: the test completes them and injects the responses.
+    let (lnet, sent, up) = lnet_with_a_keeping_lnd(nid);
     let q = EventQueue::new(16);
     let h = lnet.md_bind(Md::contiguous(buf(&[5; 100])).with_events(q.clone()), Unlink::Retain).unwrap();
     lnet.put(h, AckReq::Ack, peer, 1, 7, 0, 1).unwrap();
@@ -1005,17 +1012,7 @@ fn an_immediate_payload_shorter_than_its_header_is_a_protocol_error() {
     let nid: Nid = "10.0.24.1@o2ib".parse().unwrap();
     let peer = ProcessId::new("10.0.24.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
     let me = ProcessId::new(nid, ProcessId::PID_LUSTRE);
-    let lnet = Lnet::new(LnetConfig::default());
-    let sent = Arc::new(std::sync::Mutex::new(Vec::<LndSend>::new()));
-    let kept = sent.clone();
-    let lnd = Arc::new(FnLnd { nid, on_send: move |msg| kept.lock().unwrap().push(msg) });
-    let mut up = None;
-    lnet.add_ni(nid, 8, 8, |u| {
-        up = Some(u);
-        Ok::<_, std::io::Error>(lnd as Arc<dyn Lnd>)
-    })
-    .unwrap();
-    let up = up.unwrap();
+    let (lnet, sent, up) = lnet_with_a_keeping_lnd(nid);
     let put = |len: u32| LnetHdr {
         dest: me,
         src: peer,
@@ -1344,31 +1341,6 @@ fn a_second_shutdown_waits_for_the_lnds_the_first_is_shutting_down() {
     no_more(&q);
 }
 
-/// An LND that panics when shut down.
-struct PanickingShutdownLnd {
-    nid: Nid,
-}
-
-impl Lnd for PanickingShutdownLnd {
-    fn nid(&self) -> Nid {
-        self.nid
-    }
-
-    fn send(&self, _msg: LndSend) -> Result<(), crate::lnd::LndError> {
-        Ok(())
-    }
-
-    fn peers(&self) -> Vec<crate::lnd::PeerInfo> {
-        Vec::new()
-    }
-
-    fn close_peer(&self, _peer: Nid) {}
-
-    fn shutdown(&self) {
-        panic!("the LND failed to shut down");
-    }
-}
-
 /// A shutdown whose LND panics still takes LNet down (the panic then reaches its caller), so
 /// a later shutdown, or the last handle's drop, does not wait for it forever; the operation
 /// the LND held ends with `-ESHUTDOWN`.
@@ -1378,7 +1350,9 @@ fn a_shutdown_whose_lnd_panics_still_takes_lnet_down() {
     let peer = ProcessId::new("10.0.28.6@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
     let lnet = Lnet::new(LnetConfig::default());
     lnet.add_ni(nid, 8, 8, |_| {
-        Ok::<_, std::io::Error>(Arc::new(PanickingShutdownLnd { nid }) as Arc<dyn Lnd>)
+        let panics: Box<dyn FnOnce() + Send> = Box::new(|| panic!("the LND failed to shut down"));
+        let lnd = ShutdownHookLnd { nid, on_shutdown: std::sync::Mutex::new(Some(panics)) };
+        Ok::<_, std::io::Error>(Arc::new(lnd) as Arc<dyn Lnd>)
     })
     .unwrap();
     let q = EventQueue::new(8);
@@ -1408,17 +1382,7 @@ fn a_reply_message_longer_than_the_md_ends_the_get_with_emsgsize_unless_it_trunc
     let nid: Nid = "10.0.28.9@o2ib".parse().unwrap();
     let peer = ProcessId::new("10.0.28.10@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
     let me = ProcessId::new(nid, ProcessId::PID_LUSTRE);
-    let lnet = Lnet::new(LnetConfig::default());
-    let sent = Arc::new(std::sync::Mutex::new(Vec::<LndSend>::new()));
-    let kept = sent.clone();
-    let lnd = Arc::new(FnLnd { nid, on_send: move |msg| kept.lock().unwrap().push(msg) });
-    let mut up = None;
-    lnet.add_ni(nid, 8, 8, |u| {
-        up = Some(u);
-        Ok::<_, std::io::Error>(lnd as Arc<dyn Lnd>)
-    })
-    .unwrap();
-    let up = up.unwrap();
+    let (lnet, sent, up) = lnet_with_a_keeping_lnd(nid);
     for (options, want, mlength) in
         [(MdOptions::empty(), Err(Errno::EMSGSIZE), 0), (MdOptions::TRUNCATE, Ok(()), 10)]
     {
