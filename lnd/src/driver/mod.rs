@@ -618,6 +618,15 @@ struct Scheduler<D: Device> {
     busy_poll_usec: u32,
 }
 
+/// Why a scheduler's turns ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ended {
+    /// A shutdown: the engine went idle, or its grace ran out.
+    Shutdown,
+    /// Its poller failed: it cannot wait for anything any more.
+    PollFailed,
+}
+
 /// Marks its scheduler finished when dropped ([`Shared::finished`]).
 struct Finished(Arc<Shared>);
 
@@ -672,6 +681,12 @@ impl<D: Device> Scheduler<D> {
         // A panic on this thread (a bug here, in the engine or in an upcall) must neither drop
         // the transmits the engine holds nor leave commands in a queue nobody takes any more.
         let ran = panic::catch_unwind(AssertUnwindSafe(|| self.turns()));
+        // A scheduler that stops for any reason but a shutdown (a panic, its poller failing)
+        // leaves its peers unreachable through this interface for good: that is a fatal NI
+        // (`Driver::link`, `Lnd::fatal_error`), as a failed device is.
+        if !matches!(ran, Ok(Ended::Shutdown)) {
+            self.shared.link.store(link_code(LinkState::Fatal), Ordering::Release);
+        }
         if ran.is_err() {
             eprintln!("lnd: {}: scheduler stops: it panicked", self.engine.nid());
             let now = self.clock.now();
@@ -690,8 +705,8 @@ impl<D: Device> Scheduler<D> {
         }
     }
 
-    /// The scheduler's turns, until shutdown or a failure of its poller.
-    fn turns(&mut self) {
+    /// The scheduler's turns, until shutdown or a failure of its poller; which it was.
+    fn turns(&mut self) -> Ended {
         let device_fds = self.engine.device().pollable_fds();
         for (i, fd) in device_fds.iter().enumerate() {
             let _ =
@@ -736,11 +751,11 @@ impl<D: Device> Scheduler<D> {
             self.apply_fd_changes();
             if let Some(deadline) = shutdown_deadline {
                 if self.engine.is_idle() {
-                    break;
+                    return Ended::Shutdown;
                 }
                 if now >= deadline {
                     self.engine.abandon(now);
-                    break;
+                    return Ended::Shutdown;
                 }
             }
             let mut spinning = false;
@@ -810,7 +825,7 @@ impl<D: Device> Scheduler<D> {
                     // than drop them with the engine.
                     eprintln!("lnd: {}: scheduler stops: polling failed: {e}", self.engine.nid());
                     self.engine.abandon(self.clock.now());
-                    break;
+                    return Ended::PollFailed;
                 }
             }
             for ev in events.iter() {
@@ -1024,6 +1039,9 @@ mod tests {
         assert_eq!(count(11) + usize::from(late.is_err()), 1, "the late send ends once: {done:?}");
         assert_eq!(done.len(), count(10) + count(11), "nothing else: {done:?}");
         assert!(driver.stats().is_none(), "no stats from a scheduler that is gone");
+        // Its peers are unreachable through this interface from now on: a fatal NI.
+        assert_eq!(driver.link(), LinkState::Fatal);
+        assert!(driver.fatal_error());
         driver.shutdown();
     }
 
