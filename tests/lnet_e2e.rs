@@ -440,19 +440,25 @@ fn exchange(me: &Node, peer: &Node, seed: u64, ops: u64) {
     }
 }
 
+/// [`exchange`] from `a` to `b` on this thread while `b` runs one to `a` (seed `seed ^ 0xb`)
+/// on another, both `ops` long.
+fn exchange_both_ways(a: &Arc<Node>, b: &Arc<Node>, seed: u64, ops: u64) {
+    let t = {
+        let (a, b) = (a.clone(), b.clone());
+        std::thread::spawn(move || exchange(&b, &a, seed ^ 0xb, ops))
+    };
+    exchange(a, b, seed, ops);
+    if let Err(e) = t.join() {
+        std::panic::resume_unwind(e);
+    }
+}
+
 #[test]
 fn two_hundred_and_forty_concurrent_operations_every_byte_verified() {
     let seed = std::env::var("LNET_E2E_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x0e2e_5eed);
     let (a, b) = pair(3);
     let (a, b) = (Arc::new(a), Arc::new(b));
-    let t = {
-        let (a, b) = (a.clone(), b.clone());
-        std::thread::spawn(move || exchange(&b, &a, seed ^ 0xb, 120))
-    };
-    exchange(&a, &b, seed, 120);
-    if let Err(e) = t.join() {
-        std::panic::resume_unwind(e);
-    }
+    exchange_both_ways(&a, &b, seed, 120);
     for n in [&a, &b] {
         // The last ACKs' own send completions may still be on their way (the peer already saw
         // them): wait, bounded, for every message to finish.
@@ -482,14 +488,7 @@ fn per_transfer_sink_registrations_carry_every_byte_on_the_same_host_path() {
         Arc::new(Node::start_tuned("127.0.0.12", port, t())),
         Arc::new(Node::start_tuned("127.0.0.13", port, t())),
     );
-    let th = {
-        let (a, b) = (a.clone(), b.clone());
-        std::thread::spawn(move || exchange(&b, &a, seed ^ 0xb, 60))
-    };
-    exchange(&a, &b, seed, 60);
-    if let Err(e) = th.join() {
-        std::panic::resume_unwind(e);
-    }
+    exchange_both_ways(&a, &b, seed, 60);
     for n in [&a, &b] {
         assert!(n.lnet.wait_quiet(WAIT), "seed {seed:#x}: messages still in progress");
         let st = n.driver.stats().unwrap();

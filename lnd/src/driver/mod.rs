@@ -983,6 +983,17 @@ mod tests {
         fn take(&self) -> Vec<(u64, Result<SendStatus, LndError>)> {
             std::mem::take(&mut *self.done.0.lock().unwrap())
         }
+
+        /// Every send recorded so far is one of `tokens`, and each of them ended exactly once,
+        /// with an error.
+        fn assert_each_ended_once_with_an_error(&self, tokens: &[u64]) {
+            let done = self.take();
+            let ended = |t: u64| done.iter().filter(|(token, r)| *token == t && r.is_err()).count();
+            for &t in tokens {
+                assert_eq!(ended(t), 1, "token {t} ends once, with an error: {done:?}");
+            }
+            assert_eq!(done.len(), tokens.len(), "nothing else: {done:?}");
+        }
     }
 
     impl LndUpcalls for HookOnSendDone {
@@ -1068,9 +1079,7 @@ mod tests {
         let ok = returned.recv_timeout(Duration::from_secs(30)).expect("the upcall ran");
         assert!(ok, "Lnd::shutdown from an upcall returns");
         driver.shutdown();
-        let done = up.take();
-        let ended = |t: u64| done.iter().filter(|(token, r)| *token == t && r.is_err()).count();
-        assert_eq!((ended(1), ended(10), done.len()), (1, 1, 2), "each ends once: {done:?}");
+        up.assert_each_ended_once_with_an_error(&[1, 10]);
     }
 
     /// `Driver::shutdown` returns within its bound while a scheduler is stuck (here in an
@@ -1102,24 +1111,15 @@ mod tests {
         assert!(returned.is_ok(), "Driver::shutdown did not return while the scheduler was stuck");
         assert!(driver.schedulers[0].wait_finished(Duration::from_secs(20)), "it stops once released");
         driver.shutdown();
-        let done = up.take();
-        let ended = |t: u64| done.iter().filter(|(token, r)| *token == t && r.is_err()).count();
-        assert_eq!((ended(1), ended(10), done.len()), (1, 1, 2), "each ends once: {done:?}");
+        up.assert_each_ended_once_with_an_error(&[1, 10]);
     }
 
     /// driver down reaches the queue after the scheduler's final drain: the thread that
     /// queued it reports it (before, it sat there unreported for good).
     #[test]
     fn a_send_queued_after_the_scheduler_exited_is_reported_once() {
-        let nid = Nid::o2ib(std::net::Ipv4Addr::new(10, 0, 0, 1));
-        let net = crate::fabric::soft::SimNet::new(1, Duration::from_micros(10));
-        let dev = SoftDevice::open_sim(&net, nid.addr(), SoftConfig::default());
-        let mut tunables = Tunables::default();
-        tunables.finalize().unwrap();
-        let config =
-            DriverConfig { nid, tunables, fabric: FabricChoice::Soft(SoftConfig::default()), seed: Some(1) };
         let up = Arc::new(SendsDone::default());
-        let driver = Driver::start_on(dev, config, up.clone()).unwrap();
+        let (_net, driver) = sim_driver(up.clone());
         driver.shutdown();
         assert!(driver.schedulers.iter().all(|s| s.shared.exited.load(Ordering::SeqCst)));
         // What that send does next, after the check.

@@ -8,6 +8,7 @@
 //! with an error); a GET without a sink goes as a header-only IMMEDIATE and the peer's LNet
 //! answers with a REPLY message. The LND never issues RDMA READ.
 
+use lnet_shim::buffer::Buffer;
 use lnet_shim::event::Errno;
 use lnet_shim::hdr::LnetMsgType;
 use lnet_shim::lnd::{Frag, Frags, Health, LndError, LndSend, frags_len};
@@ -292,18 +293,19 @@ impl<D: Device> Engine<D> {
     pub(super) fn local_sges(&mut self, frags: &[Frag]) -> Result<Vec<Sge>, LndError> {
         let mut sges = Vec::with_capacity(frags.len());
         for f in frags.iter().filter(|f| f.len > 0) {
+            if f.len > u32::MAX as usize {
+                return Err(err(Errno::EMSGSIZE, Health::LocalError));
+            }
             // An RDMA source: read locally only, so registered without remote access.
-            let keys = self.keys_of(f, SOURCE_ACCESS)?;
+            let keys = self.keys_of(&f.buf, SOURCE_ACCESS)?;
             sges.push(Sge { addr: f.buf.addr() + f.offset as u64, length: f.len as u32, lkey: keys.lkey });
         }
         Ok(sges)
     }
 
-    pub(super) fn keys_of(&self, f: &Frag, access: Access) -> Result<RegKeys, LndError> {
-        if f.len > u32::MAX as usize {
-            return Err(err(Errno::EMSGSIZE, Health::LocalError));
-        }
-        register_cached(&self.dev, &self.pd, self.owner, &f.buf, access)
+    /// The keys of `buf`'s cached registration with `access`, registering it on first use.
+    pub(super) fn keys_of(&self, buf: &Buffer, access: Access) -> Result<RegKeys, LndError> {
+        register_cached(&self.dev, &self.pd, self.owner, buf, access)
             .map_err(|_| err(Errno::ENOMEM, Health::LocalError))
     }
 

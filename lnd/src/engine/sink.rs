@@ -25,7 +25,6 @@ use lnet_shim::lnd::{Frag, Health, LndError};
 
 use super::send::SINK_ACCESS;
 use super::{Engine, err};
-use crate::fabric::dma::register_cached;
 use crate::fabric::{Device, MemoryRegion};
 use crate::wire::RdmaFrag;
 
@@ -86,8 +85,7 @@ impl<D: Device> Engine<D> {
             return Ok(SinkRd { key: 0, frags: vec![RdmaFrag { nob: 0, addr }], reg: None });
         };
         if self.cfg.tunables.fmr_cache {
-            let keys = register_cached(&self.dev, &self.pd, self.owner, buf, SINK_ACCESS)
-                .map_err(|_| err(Errno::ENOMEM, Health::LocalError))?;
+            let keys = self.keys_of(buf, SINK_ACCESS)?;
             return Ok(SinkRd { key: keys.rkey, frags: rd, reg: None });
         }
         // Exactly the bytes named: from the lowest fragment start to the highest end.

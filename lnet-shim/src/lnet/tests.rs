@@ -865,21 +865,50 @@ fn deliver_from_many_threads(round: u8) {
 
 // ---------------------------------------------------------------- responses name their operation
 
+/// Completes the header-only GET last kept by [`lnet_with_a_keeping_lnd`]'s LND and answers
+/// it, from the GET's target, with a REPLY message to `me` announcing `payload_length` bytes
+/// and carrying `data`.
+fn answer_get_with_reply(
+    sent: &std::sync::Mutex<Vec<LndSend>>,
+    up: &Arc<dyn LndUpcalls>,
+    me: ProcessId,
+    payload_length: u32,
+    data: &[u8],
+) {
+    let get = sent.lock().unwrap().pop().expect("the GET was handed to the LND");
+    let LnetMsg::Get(g) = get.hdr.msg else { panic!("a GET") };
+    up.send_done(get.token, Ok(SendStatus { reply_len: None }));
+    let peer = get.hdr.dest;
+    let reply = LnetHdr {
+        dest: me,
+        src: peer,
+        payload_length,
+        msg: LnetMsg::Reply(crate::hdr::ReplyMsg { dst_wmd: g.return_wmd }),
+    };
+    up.recv_immediate(peer.nid, &reply, data);
+}
+
 /// LNet with one NI at `nid` whose LND keeps every send it is given (the test completes them
 /// and injects the responses): the LNet, the kept sends, and the NI's upcalls.
 #[allow(clippy::type_complexity)]
 fn lnet_with_a_keeping_lnd(nid: Nid) -> (Lnet, Arc<std::sync::Mutex<Vec<LndSend>>>, Arc<dyn LndUpcalls>) {
-    let lnet = Lnet::new(LnetConfig::default());
     let sent = Arc::new(std::sync::Mutex::new(Vec::<LndSend>::new()));
     let kept = sent.clone();
-    let lnd = Arc::new(FnLnd { nid, on_send: move |msg| kept.lock().unwrap().push(msg) });
+    let (lnet, up) =
+        lnet_with_lnd(nid, Arc::new(FnLnd { nid, on_send: move |msg| kept.lock().unwrap().push(msg) }));
+    (lnet, sent, up)
+}
+
+/// LNet with one NI at `nid` run by `lnd`: the LNet and the NI's upcalls.
+fn lnet_with_lnd(nid: Nid, lnd: Arc<dyn Lnd>) -> (Lnet, Arc<dyn LndUpcalls>) {
+    let lnet = Lnet::new(LnetConfig::default());
     let mut up = None;
     lnet.add_ni(nid, 8, 8, |u| {
         up = Some(u);
-        Ok::<_, std::io::Error>(lnd as Arc<dyn Lnd>)
+        Ok::<_, std::io::Error>(lnd)
     })
     .unwrap();
-    (lnet, sent, up.expect("the LND started"))
+    (lnet, up.expect("the LND started"))
 }
 
 /// Two PUTs with ACK from one MD to one peer with the same match bits (other portals and
@@ -1047,16 +1076,7 @@ fn an_immediate_payload_shorter_than_its_header_is_a_protocol_error() {
         .md_bind(Md::contiguous(Arc::new(Buffer::new(100))).with_events(qa.clone()), Unlink::Retain)
         .unwrap();
     lnet.get(h, peer, PORTAL, 2, 0).unwrap();
-    let get = sent.lock().unwrap().pop().expect("the GET was handed to the LND");
-    let LnetMsg::Get(g) = get.hdr.msg else { panic!("a GET") };
-    up.send_done(get.token, Ok(SendStatus { reply_len: None }));
-    let reply = LnetHdr {
-        dest: me,
-        src: peer,
-        payload_length: 50,
-        msg: LnetMsg::Reply(crate::hdr::ReplyMsg { dst_wmd: g.return_wmd }),
-    };
-    up.recv_immediate(peer.nid, &reply, &[9; 10]);
+    answer_get_with_reply(&sent, &up, me, 50, &[9; 10]);
     let (send, reply) = (next(&qa), next(&qa));
     assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())));
     assert_eq!((reply.kind, reply.status), (EventKind::Reply, Err(Errno::EPROTO)));
@@ -1103,16 +1123,8 @@ impl Lnd for ShutdownHookLnd {
 fn a_get_whose_reply_cannot_be_sent_at_shutdown_ends_with_eshutdown() {
     let nid: Nid = "10.0.25.1@o2ib".parse().unwrap();
     let peer = ProcessId::new("10.0.25.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
-    let lnet = Lnet::new(LnetConfig::default());
     let lnd = Arc::new(ShutdownHookLnd { nid, on_shutdown: std::sync::Mutex::new(None) });
-    let mut up = None;
-    let started = lnd.clone();
-    lnet.add_ni(nid, 8, 8, |u| {
-        up = Some(u);
-        Ok::<_, std::io::Error>(started as Arc<dyn Lnd>)
-    })
-    .unwrap();
-    let up = up.unwrap();
+    let (lnet, up) = lnet_with_lnd(nid, lnd.clone());
     let q = EventQueue::new(8);
     let md = Md::contiguous(buf(&[3; 64])).with_options(MdOptions::OP_GET).with_events(q.clone());
     lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, 1), md, Unlink::Retain).unwrap();
@@ -1162,20 +1174,13 @@ fn an_md_whose_full_ack_would_read_as_a_drop_nak_is_refused() {
     let nid: Nid = "10.0.26.1@o2ib".parse().unwrap();
     let peer = ProcessId::new("10.0.26.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
     let acks = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let lnet = Lnet::new(LnetConfig::default());
-    let mut up = None;
     let seen = acks.clone();
-    lnet.add_ni(nid, 8, 8, |u| {
-        up = Some(u);
-        let on_send = move |msg: LndSend| {
-            if let LnetMsg::Ack(a) = msg.hdr.msg {
-                seen.lock().unwrap().push(a.mlength);
-            }
-        };
-        Ok::<_, std::io::Error>(Arc::new(FnLnd { nid, on_send }) as Arc<dyn Lnd>)
-    })
-    .unwrap();
-    let up = up.unwrap();
+    let on_send = move |msg: LndSend| {
+        if let LnetMsg::Ack(a) = msg.hdr.msg {
+            seen.lock().unwrap().push(a.mlength);
+        }
+    };
+    let (lnet, up) = lnet_with_lnd(nid, Arc::new(FnLnd { nid, on_send }));
     let max = u64::from(u32::MAX);
     assert!(matches!(lnet.md_bind(huge_md(max), Unlink::Retain), Err(LnetError::MdTooLong { .. })));
     let put = huge_md(max).with_options(MdOptions::OP_PUT);
@@ -1219,16 +1224,9 @@ fn a_routed_put_for_another_pid_is_not_answered_with_a_drop_nak() {
     let from: Nid = "10.0.27.2@o2ib".parse().unwrap();
     let named = ProcessId::new("10.0.27.3@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
     let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let lnet = Lnet::new(LnetConfig::default());
-    let mut up = None;
     let seen = sent.clone();
-    lnet.add_ni(nid, 8, 8, |u| {
-        up = Some(u);
-        let on_send = move |msg: LndSend| seen.lock().unwrap().push(msg.target);
-        Ok::<_, std::io::Error>(Arc::new(FnLnd { nid, on_send }) as Arc<dyn Lnd>)
-    })
-    .unwrap();
-    let up = up.unwrap();
+    let on_send = move |msg: LndSend| seen.lock().unwrap().push(msg.target);
+    let (lnet, up) = lnet_with_lnd(nid, Arc::new(FnLnd { nid, on_send }));
     let hdr = LnetHdr {
         dest: ProcessId::new(nid, 99),
         src: named,
@@ -1394,16 +1392,7 @@ fn a_reply_message_longer_than_the_md_ends_the_get_with_emsgsize_unless_it_trunc
             .with_events(q.clone());
         let h = lnet.md_bind(md, Unlink::Auto).unwrap();
         lnet.get(h, peer, PORTAL, 2, 0).unwrap();
-        let get = sent.lock().unwrap().pop().expect("the GET was handed to the LND");
-        let LnetMsg::Get(g) = get.hdr.msg else { panic!("a GET") };
-        up.send_done(get.token, Ok(SendStatus { reply_len: None }));
-        let reply = LnetHdr {
-            dest: me,
-            src: peer,
-            payload_length: 20,
-            msg: LnetMsg::Reply(crate::hdr::ReplyMsg { dst_wmd: g.return_wmd }),
-        };
-        up.recv_immediate(peer.nid, &reply, &[9; 20]);
+        answer_get_with_reply(&sent, &up, me, 20, &[9; 20]);
         let (send, reply) = (next(&q), next(&q));
         assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())));
         assert_eq!((reply.kind, reply.status, reply.unlinked), (EventKind::Reply, want, true), "{options:?}");

@@ -354,13 +354,7 @@ fn no_host_at_all_fails_after_the_connect_timeout() {
     let mut sim = Sim::new(s, 1, &tunables(), FaultConfig::NONE);
     let t0 = sim.now;
     let (a, b) = (nid(0), nid(5));
-    let msg = LndSend {
-        target: b,
-        hdr: put_hdr(a, b, 1, 10),
-        payload: Frag::whole(filled(1, 10)).into(),
-        get_sink: None,
-        token: 1,
-    };
+    let msg = put_send(a, b, 1, 10);
     sim.nodes[0].engine.send(sim.now, msg).unwrap();
     let r = sim.wait_send(0, 1, 1_000_000).unwrap_err();
     assert_eq!(r.errno, Errno::ETIMEDOUT, "seed {s}");

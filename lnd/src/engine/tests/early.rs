@@ -88,13 +88,7 @@ fn echo_sim(s: u64, faults: FaultConfig, early: bool) -> (Sim, Arc<Echo>) {
 fn ping(sim: &mut Sim, tag: u64) -> Arc<Buffer> {
     let sink = Arc::new(Buffer::new(LEN));
     sim.nodes[0].lnet.post_sink(tag | REPLY, vec![Frag::whole(sink.clone())], LEN);
-    let msg = LndSend {
-        target: nid(1),
-        hdr: put_hdr(nid(0), nid(1), tag, LEN),
-        payload: Frag::whole(filled(tag, LEN)).into(),
-        get_sink: None,
-        token: tag,
-    };
+    let msg = put_send(nid(0), nid(1), tag, LEN);
     sim.nodes[0].engine.send(sim.now, msg).unwrap();
     sink
 }

@@ -212,13 +212,7 @@ fn immediate_case(s: u64, rule: Rule) -> Sim {
     let sink = Arc::new(Buffer::new(500));
     sim.nodes[0].lnet.post_sink(1, vec![Frag::whole(sink.clone())], 500);
     let (a, b) = (nid(1), nid(0));
-    let msg = lnet_shim::lnd::LndSend {
-        target: b,
-        hdr: put_hdr(a, b, 1, 500),
-        payload: Frag::whole(filled(1, 500)).into(),
-        get_sink: None,
-        token: 1,
-    };
+    let msg = put_send(a, b, 1, 500);
     sim.nodes[1].engine.send(sim.now, msg).unwrap();
     assert_only_the_hostile_connection_closed(&mut sim, s);
     sim.gather();

@@ -320,14 +320,7 @@ impl Sim {
         cap: usize,
     ) -> LndSend {
         self.nodes[b].lnet.post_sink(tag, vec![Frag::whole(sink.clone())], cap);
-        let (from, to) = (self.nodes[a].nid, self.nodes[b].nid);
-        LndSend {
-            target: to,
-            hdr: put_hdr(from, to, tag, len),
-            payload: Frag::whole(filled(tag, len)).into(),
-            get_sink: None,
-            token: tag,
-        }
+        put_send(self.nodes[a].nid, self.nodes[b].nid, tag, len)
     }
 
     /// Runs for `d` of virtual time.
@@ -352,6 +345,18 @@ pub(crate) fn pattern_byte(tag: u64, i: usize) -> u8 {
 pub(crate) fn filled(tag: u64, len: usize) -> Arc<Buffer> {
     let v: Vec<u8> = (0..len).map(|i| pattern_byte(tag, i)).collect();
     Arc::new(Buffer::from_slice(&v))
+}
+
+/// A PUT of `len` pattern bytes tagged `tag` (its token too) from `from` to `to`; no sink is
+/// posted for it.
+pub(crate) fn put_send(from: Nid, to: Nid, tag: u64, len: usize) -> LndSend {
+    LndSend {
+        target: to,
+        hdr: put_hdr(from, to, tag, len),
+        payload: Frag::whole(filled(tag, len)).into(),
+        get_sink: None,
+        token: tag,
+    }
 }
 
 pub(crate) fn put_hdr(from: Nid, to: Nid, bits: u64, len: usize) -> LnetHdr {
@@ -935,13 +940,7 @@ fn a_send_acknowledged_just_before_the_peer_disconnects_completes_as_sent() {
         sim.nodes[1].lnet.take_recv_done();
         let sink = Arc::new(Buffer::new(16));
         sim.nodes[1].lnet.post_sink(2, vec![Frag::whole(sink)], 16);
-        let msg = LndSend {
-            target: b,
-            hdr: put_hdr(a, b, 2, 16),
-            payload: Frag::whole(filled(2, 16)).into(),
-            get_sink: None,
-            token: 2,
-        };
+        let msg = put_send(a, b, 2, 16);
         sim.nodes[0].engine.send(sim.now, msg).unwrap();
         assert!(
             sim.run_until(10_000, |sim| !sim.nodes[1].lnet.inner.lock().unwrap().recv_done.is_empty()),

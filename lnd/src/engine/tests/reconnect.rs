@@ -134,13 +134,7 @@ fn a_peer_that_rejects_every_request_is_asked_ten_times_then_once_a_second_until
         let mut rej = Rejecter::new(&sim, 1, reason, why);
         let t0 = sim.now;
         let (a, b) = (nid(0), nid(1));
-        let msg = LndSend {
-            target: b,
-            hdr: put_hdr(a, b, 1, 100),
-            payload: Frag::whole(filled(1, 100)).into(),
-            get_sink: None,
-            token: 1,
-        };
+        let msg = put_send(a, b, 1, 100);
         sim.nodes[0].engine.send(sim.now, msg).unwrap();
         // One simulated second, with a step budget the unpaced loop runs out of first.
         let one_s = t0 + Duration::from_secs(1);
@@ -193,13 +187,7 @@ fn a_peer_that_rejects_every_request_is_asked_ten_times_then_once_a_second_until
         assert_eq!(sim.nodes[0].engine.connections(), 0, "seed {s}: {what}");
         // A new send starts afresh: ten quick attempts again.
         let t1 = sim.now;
-        let msg = LndSend {
-            target: b,
-            hdr: put_hdr(a, b, 2, 100),
-            payload: Frag::whole(filled(2, 100)).into(),
-            get_sink: None,
-            token: 2,
-        };
+        let msg = put_send(a, b, 2, 100);
         sim.nodes[0].engine.send(sim.now, msg).unwrap();
         assert!(run_with(&mut sim, &mut rej, t1 + Duration::from_millis(500), 200_000), "seed {s}: {what}");
         assert_eq!(reqs_between(&rej, t1, sim.now), 1 + QUICK_RECONNECTS as usize, "seed {s}: {what}");
@@ -215,13 +203,7 @@ fn sends_queued_while_a_reconnect_waits_go_with_it_and_end_once() {
     let mut rej = Rejecter::new(&sim, 1, RejReason::ConsumerDefined, Some(RejectReason::ConnRace));
     let (a, b) = (nid(0), nid(1));
     let send = |sim: &mut Sim, tag: u64| {
-        let msg = LndSend {
-            target: b,
-            hdr: put_hdr(a, b, tag, 100),
-            payload: Frag::whole(filled(tag, 100)).into(),
-            get_sink: None,
-            token: tag,
-        };
+        let msg = put_send(a, b, tag, 100);
         sim.nodes[0].engine.send(sim.now, msg).unwrap();
     };
     let t0 = sim.now;
@@ -322,13 +304,7 @@ fn every_send_to_a_peer_that_refuses_fails_in_one_round_trip_however_many() {
     let (a, b) = (nid(0), nid(1));
     for tag in 1..=3 * u64::from(QUICK_RECONNECTS) {
         let t0 = sim.now;
-        let msg = LndSend {
-            target: b,
-            hdr: put_hdr(a, b, tag, 100),
-            payload: Frag::whole(filled(tag, 100)).into(),
-            get_sink: None,
-            token: tag,
-        };
+        let msg = put_send(a, b, tag, 100);
         sim.nodes[0].engine.send(sim.now, msg).unwrap();
         let end = t0 + Duration::from_secs(60);
         let ended = run_with_until(&mut sim, &mut rej, end, 100_000, |sim| sim.sends.contains_key(&(0, tag)));

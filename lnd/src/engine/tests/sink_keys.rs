@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lnet_shim::buffer::Buffer;
 use lnet_shim::event::Errno;
-use lnet_shim::lnd::{Frag, LndSend};
+use lnet_shim::lnd::Frag;
 
 use super::hostile::{Tamper, WriteRule, sim_with_tamper};
 use super::*;
@@ -158,13 +158,7 @@ fn a_sink_fragment_outside_its_buffer_is_refused_before_anything_is_registered()
         let frag = Frag { buf: buf.clone(), offset: LEN / 2, len: LEN };
         sim.nodes[1].lnet.post_sink(1, vec![frag], LEN);
         let (from, to) = (sim.nodes[0].nid, sim.nodes[1].nid);
-        let msg = LndSend {
-            target: to,
-            hdr: put_hdr(from, to, 1, LEN),
-            payload: Frag::whole(filled(1, LEN)).into(),
-            get_sink: None,
-            token: 1,
-        };
+        let msg = put_send(from, to, 1, LEN);
         sim.nodes[0].engine.send(sim.now, msg).unwrap();
         let sent = sim.wait_send(0, 1, 1_000_000);
         assert!(sent.is_err(), "seed {s}: fmr_cache={on}: {sent:?}");
