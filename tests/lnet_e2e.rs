@@ -50,7 +50,7 @@ impl Node {
             fabric: FabricChoice::Soft(SoftConfig { udp_port: port, ..SoftConfig::default() }),
             seed: None,
         };
-        let lnet = Lnet::new(LnetConfig::default());
+        let lnet = Lnet::new(LnetConfig::default()).unwrap();
         let mut driver = None;
         lnet.add_ni(nid, credits, peer_credits, |up| {
             let d = Arc::new(Driver::start(config, up)?);

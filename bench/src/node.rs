@@ -151,7 +151,7 @@ impl Node {
         };
         let (credits, peer_credits) = (tunables.credits, tunables.peer_credits);
         let cfg = DriverConfig { nid: opts.nid, tunables, fabric, seed: None };
-        let lnet = Lnet::new(LnetConfig::default());
+        let lnet = Lnet::new(LnetConfig::default()).map_err(|e| e.to_string())?;
         let mut driver = None;
         lnet.add_ni(opts.nid, credits, peer_credits, |up| {
             let d = Arc::new(Driver::start(cfg, up)?);

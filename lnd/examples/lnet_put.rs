@@ -27,7 +27,7 @@ fn node(nid: Nid, port: u16) -> Result<Lnet, Error> {
     tunables.finalize()?;
     let fabric = FabricChoice::Soft(SoftConfig { udp_port: port, ..SoftConfig::default() });
     let config = DriverConfig { nid, tunables: tunables.clone(), fabric, seed: None };
-    let lnet = Lnet::new(LnetConfig::default());
+    let lnet = Lnet::new(LnetConfig::default())?;
     lnet.add_ni(nid, tunables.credits, tunables.peer_credits, |upcalls| {
         Driver::start(config, upcalls).map(|d| Arc::new(d) as Arc<dyn Lnd>)
     })?;

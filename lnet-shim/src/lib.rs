@@ -27,7 +27,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let wire = LoopbackNet::new();
 //! let node = |nid: Nid| -> Result<Lnet, Box<dyn std::error::Error>> {
-//!     let lnet = Lnet::new(LnetConfig::default());
+//!     let lnet = Lnet::new(LnetConfig::default())?;
 //!     // credits 256, peer_credits 8: ko2iblnd's defaults.
 //!     lnet.add_ni(nid, 256, 8, |up| wire.start(nid, up).map(|l| l as Arc<dyn Lnd>))?;
 //!     Ok(lnet)
@@ -91,7 +91,7 @@ pub use lnet::{
 };
 pub use loopback::{LoopbackConfig, LoopbackError, LoopbackLnd, LoopbackNet};
 pub use matching::{
-    ANY_PROCESS, DEFAULT_PORTALS, DropReason, InsertPos, MatchEntry, MatchError, MatchOp, MatchResult,
+    ANY_PROCESS, DEFAULT_PORTALS, DropReason, PORTALS_MAX, InsertPos, MatchEntry, MatchError, MatchOp, MatchResult,
     Matched, MdHandle, MdOptions, MdSpec, MdStatus, MeHandle, PortalTable, Threshold, Unlink, UnlinkedMd,
 };
 pub use nid::{Net, NetType, Nid, NidParseError, ProcessId};

@@ -38,6 +38,11 @@ use crate::nid::{Nid, ProcessId};
 /// LNet's default number of portals (`MAX_PORTALS`).
 pub const DEFAULT_PORTALS: usize = 64;
 
+/// The most portals a table may have. Lustre's LNet has a fixed 64 (`MAX_PORTALS`); the shim
+/// allows more for applications that want their own, within reason: each portal is an empty
+/// match list until used (4096 of them cost 128 KiB).
+pub const PORTALS_MAX: usize = 4096;
+
 /// A match id that matches every initiator: `{LNET_NID_ANY, LNET_PID_ANY}`.
 pub const ANY_PROCESS: ProcessId = ProcessId::new(Nid::ANY, ProcessId::PID_ANY);
 
@@ -585,8 +590,11 @@ impl Default for PortalTable {
 }
 
 impl PortalTable {
-    /// A table with `nportals` empty portals (indices `0..nportals`).
+    /// A table with `nportals` empty portals (indices `0..nportals`); at most
+    /// [`PORTALS_MAX`] are made (callers check the number they are given:
+    /// [`crate::lnet::Lnet::new`] refuses more).
     pub fn new(nportals: usize) -> PortalTable {
+        let nportals = nportals.min(PORTALS_MAX);
         PortalTable {
             portals: (0..nportals).map(|_| VecDeque::new()).collect(),
             mes: Slab::new(),

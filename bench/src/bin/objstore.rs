@@ -332,7 +332,7 @@ fn start_lnet(node: NodeConfig, port: u16) -> Result<Lnet, ObjError> {
         fabric: FabricChoice::Soft(SoftConfig { udp_port: port, ..SoftConfig::default() }),
         seed: None,
     };
-    let lnet = Lnet::new(LnetConfig::default());
+    let lnet = Lnet::new(LnetConfig::default())?;
     lnet.add_ni(nid, credits, peer_credits, |up| {
         Driver::start(config, up).map(|d| Arc::new(d) as Arc<dyn Lnd>)
     })?;

@@ -76,7 +76,7 @@ use crate::event::{Errno, Event, EventKind, EventSink};
 use crate::hash::FastMap;
 use crate::hdr::{LnetHdr, WireHandle};
 use crate::lnd::{Frags, Health, Lnd, LndError, LndSend, LndUpcalls};
-use crate::matching::{DEFAULT_PORTALS, MatchEntry, MatchError, MdHandle, MeHandle, PortalTable, Unlink};
+use crate::matching::{DEFAULT_PORTALS, MatchEntry, PORTALS_MAX, MatchError, MdHandle, MeHandle, PortalTable, Unlink};
 use crate::nid::{Net, Nid, ProcessId};
 
 use self::md::MdRecord;
@@ -104,7 +104,8 @@ pub struct LnetConfig {
     /// This process's LNet pid; incoming messages for another pid are dropped. Default
     /// [`ProcessId::PID_LUSTRE`].
     pub pid: u32,
-    /// Number of portals (indices `0..portals`). Default [`DEFAULT_PORTALS`] (64).
+    /// Number of portals (indices `0..portals`), 1 to [`PORTALS_MAX`] (4096). Default
+    /// [`DEFAULT_PORTALS`] (64, Lustre's `MAX_PORTALS`).
     pub portals: usize,
 }
 
@@ -118,6 +119,12 @@ impl Default for LnetConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LnetError {
+    /// [`Lnet::new`] with no portals or more than [`PORTALS_MAX`].
+    #[error("{portals} portals: LNet needs 1 to {PORTALS_MAX} (Lustre's LNet has 64)")]
+    BadPortals {
+        /// The number asked for.
+        portals: usize,
+    },
     /// [`Lnet::shutdown`] has run (or is running).
     #[error("LNet is shut down")]
     ShutDown,
@@ -397,7 +404,14 @@ impl std::fmt::Debug for Lnet {
 
 impl Lnet {
     /// A new LNet with no network interface yet.
-    pub fn new(config: LnetConfig) -> Lnet {
+    ///
+    /// # Errors
+    ///
+    /// [`LnetError::BadPortals`] when `config.portals` is 0 or above [`PORTALS_MAX`].
+    pub fn new(config: LnetConfig) -> Result<Lnet, LnetError> {
+        if !(1..=PORTALS_MAX).contains(&config.portals) {
+            return Err(LnetError::BadPortals { portals: config.portals });
+        }
         // A per-instance interface cookie (LNet's `ln_interface_cookie`): random, so wire
         // handles of a restarted node do not name the old instance's MDs.
         let cookie = {
@@ -426,7 +440,7 @@ impl Lnet {
             outbox_len: AtomicUsize::new(0),
             delivering: Mutex::new(VecDeque::new()),
         });
-        Lnet { _owner: Arc::new(Owner(inner.clone())), inner }
+        Ok(Lnet { _owner: Arc::new(Owner(inner.clone())), inner })
     }
 
     /// This process's LNet pid.

@@ -31,7 +31,7 @@ impl Node {
 
 fn node_with(net: &LoopbackNet, addr: &str, credits: u32, peer_credits: u32) -> Node {
     let nid: Nid = format!("{addr}@o2ib").parse().unwrap();
-    let lnet = Lnet::new(LnetConfig::default());
+    let lnet = Lnet::new(LnetConfig::default()).unwrap();
     let mut keep = None;
     lnet.add_ni(nid, credits, peer_credits, |up| {
         let l = net.start(nid, up)?;
@@ -83,6 +83,23 @@ fn post(n: &Node, bits: u64, len: usize, options: MdOptions, q: &EventQueue) -> 
     let md = Md::contiguous(b.clone()).with_options(options).with_events(q.clone()).with_user_ptr(bits);
     let (_, h) = n.lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, bits), md, Unlink::Retain).unwrap();
     (b, h)
+}
+
+#[test]
+fn portal_counts_outside_the_range_are_refused() {
+    for portals in [0, PORTALS_MAX + 1, usize::MAX] {
+        let config = LnetConfig { portals, ..LnetConfig::default() };
+        match Lnet::new(config) {
+            Err(LnetError::BadPortals { portals: p }) => assert_eq!(p, portals),
+            other => panic!("{portals} portals: {other:?}"),
+        }
+    }
+    // The largest table works: its last portal takes a match entry, one past it does not.
+    let lnet = Lnet::new(LnetConfig { portals: PORTALS_MAX, ..LnetConfig::default() }).unwrap();
+    let last = u32::try_from(PORTALS_MAX - 1).unwrap();
+    let me = MatchEntry::new(ANY_PROCESS, 1);
+    assert!(lnet.me_attach(last, me).is_ok());
+    assert!(matches!(lnet.me_attach(last + 1, me), Err(LnetError::Match(_))));
 }
 
 #[test]
@@ -737,7 +754,7 @@ fn a_reply_longer_than_the_md_is_a_protocol_error() {
         [(100, Ok(())), (60, Ok(())), (101, Err(Errno::EPROTO)), (1 << 30, Err(Errno::EPROTO))]
     {
         let nid: Nid = "10.0.9.1@o2ib".parse().unwrap();
-        let lnet = Lnet::new(LnetConfig::default());
+        let lnet = Lnet::new(LnetConfig::default()).unwrap();
         lnet.add_ni(nid, 8, 8, |up| {
             // Answers every GET at once with a reply length of the test's choosing.
             let on_send = move |msg: LndSend| {
@@ -901,7 +918,7 @@ fn lnet_with_a_keeping_lnd(nid: Nid) -> (Lnet, Arc<std::sync::Mutex<Vec<LndSend>
 
 /// LNet with one NI at `nid` run by `lnd`: the LNet and the NI's upcalls.
 fn lnet_with_lnd(nid: Nid, lnd: Arc<dyn Lnd>) -> (Lnet, Arc<dyn LndUpcalls>) {
-    let lnet = Lnet::new(LnetConfig::default());
+    let lnet = Lnet::new(LnetConfig::default()).unwrap();
     let mut up = None;
     lnet.add_ni(nid, 8, 8, |u| {
         up = Some(u);
@@ -1300,7 +1317,7 @@ fn a_second_shutdown_waits_for_the_lnds_the_first_is_shutting_down() {
         entered: entered_tx,
         release: std::sync::Mutex::new(release_rx),
     });
-    let lnet = Lnet::new(LnetConfig::default());
+    let lnet = Lnet::new(LnetConfig::default()).unwrap();
     let started = lnd.clone();
     lnet.add_ni(nid, 8, 8, |u| {
         *started.up.lock().unwrap() = Some(u);
@@ -1346,7 +1363,7 @@ fn a_second_shutdown_waits_for_the_lnds_the_first_is_shutting_down() {
 fn a_shutdown_whose_lnd_panics_still_takes_lnet_down() {
     let nid: Nid = "10.0.28.5@o2ib".parse().unwrap();
     let peer = ProcessId::new("10.0.28.6@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
-    let lnet = Lnet::new(LnetConfig::default());
+    let lnet = Lnet::new(LnetConfig::default()).unwrap();
     lnet.add_ni(nid, 8, 8, |_| {
         let panics: Box<dyn FnOnce() + Send> = Box::new(|| panic!("the LND failed to shut down"));
         let lnd = ShutdownHookLnd { nid, on_shutdown: std::sync::Mutex::new(Some(panics)) };
