@@ -91,7 +91,8 @@ pub use lnet::{
 };
 pub use loopback::{LoopbackConfig, LoopbackError, LoopbackLnd, LoopbackNet};
 pub use matching::{
-    ANY_PROCESS, DEFAULT_PORTALS, DropReason, PORTALS_MAX, InsertPos, MatchEntry, MatchError, MatchOp, MatchResult,
-    Matched, MdHandle, MdOptions, MdSpec, MdStatus, MeHandle, PortalTable, Threshold, Unlink, UnlinkedMd,
+    ANY_PROCESS, DEFAULT_PORTALS, DropReason, InsertPos, MatchEntry, MatchError, MatchOp, MatchResult,
+    Matched, MdHandle, MdOptions, MdSpec, MdStatus, MeHandle, PORTALS_MAX, PortalTable, Threshold, Unlink,
+    UnlinkedMd,
 };
 pub use nid::{Net, NetType, Nid, NidParseError, ProcessId};

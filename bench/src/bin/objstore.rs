@@ -504,7 +504,18 @@ impl Server {
             return Err(Errno::EINVAL.as_i32());
         }
         let h = self.bind_bulk(id, Arc::new(Buffer::new(req.length as usize)))?;
-        self.lnet.get(h, client, BULK_PORTAL, req.bulk_bits, 0).map_err(|_| Errno::EIO.as_i32())
+        let started = self.lnet.get(h, client, BULK_PORTAL, req.bulk_bits, 0);
+        self.unbind_unless_started(h, started)
+    }
+
+    /// The result of starting a bulk transfer on MD `h`; an MD nothing started on is unlinked
+    /// (LNet leaves it bound, and its buffer with it).
+    fn unbind_unless_started(&mut self, h: MdHandle, started: Result<(), LnetError>) -> Result<(), i32> {
+        started.map_err(|_| {
+            // Refused too only once LNet is shut down, when its MDs go with it.
+            let _ = self.lnet.md_unlink(h);
+            Errno::EIO.as_i32()
+        })
     }
 
     /// READ: push the stored object into the client's bulk MD with a PUT (ACK requested).
@@ -520,9 +531,8 @@ impl Server {
             return Err(Errno::EOVERFLOW.as_i32());
         }
         let h = self.bind_bulk(id, Arc::new(Buffer::from_slice(&data)))?;
-        self.lnet
-            .put(h, AckReq::Ack, client, BULK_PORTAL, req.bulk_bits, 0, 0)
-            .map_err(|_| Errno::EIO.as_i32())
+        let started = self.lnet.put(h, AckReq::Ack, client, BULK_PORTAL, req.bulk_bits, 0, 0);
+        self.unbind_unless_started(h, started)
     }
 
     fn object_path(&self, client: Nid, object: u64) -> PathBuf {
@@ -602,10 +612,11 @@ impl Server {
             .with_threshold(Threshold::Count(1))
             .with_user_ptr(tag(id, Part::Reply))
             .with_events(self.q.clone());
-        let sent = self
-            .lnet
-            .md_bind(md, Unlink::Auto)
-            .and_then(|h| self.lnet.put(h, AckReq::NoAck, client, REPLY_PORTAL, req.reply_bits, 0, 0));
+        let sent = self.lnet.md_bind(md, Unlink::Auto).and_then(|h| {
+            self.lnet.put(h, AckReq::NoAck, client, REPLY_PORTAL, req.reply_bits, 0, 0).inspect_err(|_| {
+                let _ = self.lnet.md_unlink(h);
+            })
+        });
         if let Err(e) = sent {
             eprintln!("server: cannot reply to {}: {e}", client.nid);
             self.end(id, false);
@@ -759,7 +770,10 @@ impl Client {
                 .with_threshold(Threshold::Count(1))
                 .with_user_ptr(tag(xid, Part::Bulk))
                 .with_events(self.q.clone());
-            posted.push(self.lnet.attach(BULK_PORTAL, only_server, md, Unlink::Auto)?.1);
+            match self.lnet.attach(BULK_PORTAL, only_server, md, Unlink::Auto) {
+                Ok((_, h)) => posted.push(h),
+                Err(e) => return Err(self.unpost(&posted, e)),
+            }
             waiting += 1;
         }
         let reply_buf = Arc::new(Buffer::new(REP_SIZE));
@@ -768,12 +782,22 @@ impl Client {
             .with_threshold(Threshold::Count(1))
             .with_user_ptr(tag(xid, Part::Reply))
             .with_events(self.q.clone());
-        posted.push(self.lnet.attach(REPLY_PORTAL, only_server, md, Unlink::Auto)?.1);
+        match self.lnet.attach(REPLY_PORTAL, only_server, md, Unlink::Auto) {
+            Ok((_, h)) => posted.push(h),
+            Err(e) => return Err(self.unpost(&posted, e)),
+        }
         let md = Md::contiguous(Arc::new(Buffer::from_slice(&req.encode())))
             .with_threshold(Threshold::Count(2))
             .with_user_ptr(tag(xid, Part::Request))
             .with_events(self.q.clone());
-        let h = self.lnet.md_bind(md, Unlink::Auto)?;
+        let h = match self.lnet.md_bind(md, Unlink::Auto) {
+            Ok(h) => h,
+            Err(e) => return Err(self.unpost(&posted, e)),
+        };
+        if let Err(e) = self.lnet.put(h, AckReq::Ack, self.server, REQUEST_PORTAL, 0, 0, 0) {
+            posted.push(h);
+            return Err(self.unpost(&posted, e));
+        }
         self.rpcs.insert(
             xid,
             Rpc {
@@ -787,8 +811,17 @@ impl Client {
                 posted,
             },
         );
-        self.lnet.put(h, AckReq::Ack, self.server, REQUEST_PORTAL, 0, 0, 0)?;
         Ok(xid)
+    }
+
+    /// Takes down the MDs of an RPC that could not be started (LNet leaves them posted), and
+    /// hands back why.
+    fn unpost(&self, posted: &[MdHandle], e: LnetError) -> ObjError {
+        for h in posted {
+            // Refused only once LNet is shut down, when its MDs go with it.
+            let _ = self.lnet.md_unlink(*h);
+        }
+        e.into()
     }
 
     /// Applies an event; returns the xid of an RPC that is now complete.
@@ -1010,6 +1043,30 @@ mod tests {
         let mut bad = req.encode();
         bad[4] = 9;
         assert_eq!(Request::decode(&bad), None);
+    }
+
+    #[test]
+    fn an_rpc_that_cannot_start_leaves_no_md_behind() {
+        // No interface reaches the server: the buffers are posted, the request's PUT is refused.
+        let lnet = Lnet::new(LnetConfig::default()).unwrap();
+        let server = ProcessId::new("127.0.0.9@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+        let mut client = Client {
+            lnet: lnet.clone(),
+            nid: "127.0.0.8@o2ib".parse().unwrap(),
+            server,
+            q: EventQueue::new(16),
+            rpcs: HashMap::new(),
+            next_xid: 1,
+            size: 4096,
+        };
+        for op in [Op::Write, Op::Read, Op::Bye] {
+            match client.start(op, 1) {
+                Err(ObjError::Lnet(LnetError::NoRoute { target })) => assert_eq!(target, server),
+                other => panic!("{op:?}: {other:?}"),
+            }
+            assert_eq!(lnet.stats().mds, 0, "{op:?}: MDs left bound");
+            assert!(client.rpcs.is_empty());
+        }
     }
 
     #[test]

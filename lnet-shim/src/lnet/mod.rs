@@ -76,7 +76,9 @@ use crate::event::{Errno, Event, EventKind, EventSink};
 use crate::hash::FastMap;
 use crate::hdr::{LnetHdr, WireHandle};
 use crate::lnd::{Frags, Health, Lnd, LndError, LndSend, LndUpcalls};
-use crate::matching::{DEFAULT_PORTALS, MatchEntry, PORTALS_MAX, MatchError, MdHandle, MeHandle, PortalTable, Unlink};
+use crate::matching::{
+    DEFAULT_PORTALS, MatchEntry, MatchError, MdHandle, MeHandle, PORTALS_MAX, PortalTable, Unlink,
+};
 use crate::nid::{Net, Nid, ProcessId};
 
 use self::md::MdRecord;
