@@ -63,12 +63,17 @@ enum Done {
 struct Upcalls {
     sinks: Mutex<std::collections::HashMap<u64, (Arc<Buffer>, usize)>>,
     tx: Mutex<mpsc::Sender<Done>>,
+    /// The peer whose bye PUT arrived.
+    bye_from: Mutex<Option<Nid>>,
 }
 
 impl LndUpcalls for Upcalls {
-    fn recv(&self, _from: Nid, hdr: &LnetHdr, _rdma: bool) -> RecvDisposition {
+    fn recv(&self, from: Nid, hdr: &LnetHdr, _rdma: bool) -> RecvDisposition {
         match hdr.msg {
             LnetMsg::Put(p) => {
+                if p.match_bits == BYE {
+                    *self.bye_from.lock().unwrap() = Some(from);
+                }
                 let len = hdr.payload_length as usize;
                 let buf = Arc::new(Buffer::new(len));
                 self.sinks.lock().unwrap().insert(p.match_bits, (buf.clone(), len));
@@ -115,6 +120,12 @@ struct Args {
 
 /// The match bits of the PUT that ends a `serve` run without `--expect`.
 const BYE: u64 = 1 << 62;
+/// How long a server stays connected after its last expected message.
+const LINGER: Duration = Duration::from_millis(300);
+/// After a bye, the longest it waits for the peer to hang up.
+const BYE_LINGER_MAX: Duration = Duration::from_secs(3);
+/// How often it looks whether the peer hung up.
+const LINGER_LOOK: Duration = Duration::from_millis(5);
 
 fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -203,7 +214,11 @@ fn start_ni(
     tunables: Tunables,
 ) -> Result<(Driver, mpsc::Receiver<Done>, Arc<Upcalls>), String> {
     let (tx, rx) = mpsc::channel();
-    let up = Arc::new(Upcalls { sinks: Mutex::new(Default::default()), tx: Mutex::new(tx) });
+    let up = Arc::new(Upcalls {
+        sinks: Mutex::new(Default::default()),
+        tx: Mutex::new(tx),
+        bye_from: Mutex::new(None),
+    });
     let p = a.loss;
     let faults = FaultConfig {
         tx: DirFaults { drop: p, reorder: p, duplicate: p / 2.0, corrupt: p / 2.0, ..DirFaults::NONE },
@@ -321,14 +336,18 @@ fn serve(a: &Args) -> Result<(), String> {
     );
     // Let the last completions reach the peer before the connection goes: stay connected a
     // while (several RC retransmission intervals, 67 ms each), so that a peer whose last
-    // message's ACK was lost gets it on the retransmission instead of a disconnect.
-    let linger = clock.now() + Duration::from_millis(300);
+    // message's ACK was lost gets it on the retransmission instead of a disconnect. A peer
+    // that said bye hangs up once its bye completed: wait for that (it cannot know its bye
+    // arrived before the ACK does), up to a bound for a hang-up lost on the way.
+    let bye_from = *up.bye_from.lock().unwrap();
+    let linger = clock.now() + if bye_from.is_some() { BYE_LINGER_MAX } else { LINGER };
+    let connected = |nid: Nid| driver.peers().iter().any(|p| p.nid == nid && p.conns > 0);
     loop {
         let left = linger.saturating_duration_since(clock.now());
-        if left.is_zero() {
+        if left.is_zero() || bye_from.is_some_and(|nid| !connected(nid)) {
             break;
         }
-        let _ = rx.recv_timeout(left);
+        let _ = rx.recv_timeout(left.min(LINGER_LOOK));
     }
     up.sinks.lock().unwrap().clear();
     finish(&driver, "server");
