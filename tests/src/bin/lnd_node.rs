@@ -7,7 +7,8 @@
 //! ```
 //! `serve` accepts any PUT into a fresh sink and checks every byte against the pattern its
 //! match bits name; it answers any GET with that pattern. It exits 0 after `--expect` verified
-//! PUTs and GETs, or after a "bye" PUT when `--expect` is 0 (at its deadline: non-zero). With
+//! PUTs and GETs (staying connected 300 ms more), or when `--expect` is 0 after a "bye" PUT and
+//! once its sender has hung up (at most 3 s later; at its deadline: non-zero). With
 //! `--keep-going 1` a failed receive is reported and counted instead of ending the run. `drive`
 //! keeps `W` operations in flight, checks every GET's bytes, and prints the bandwidth; with
 //! `--retry 1` a failed operation is reported once and posted again (progress is printed per
