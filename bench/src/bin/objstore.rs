@@ -510,7 +510,7 @@ impl Server {
 
     /// The result of starting a bulk transfer on MD `h`; an MD nothing started on is unlinked
     /// (LNet leaves it bound, and its buffer with it).
-    fn unbind_unless_started(&mut self, h: MdHandle, started: Result<(), LnetError>) -> Result<(), i32> {
+    fn unbind_unless_started(&self, h: MdHandle, started: Result<(), LnetError>) -> Result<(), i32> {
         started.map_err(|_| {
             // Refused too only once LNet is shut down, when its MDs go with it.
             let _ = self.lnet.md_unlink(h);
