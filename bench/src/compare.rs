@@ -370,6 +370,23 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         for tls in ["sm,self", "tcp"] {
             let bw = if have_ucx { ucx(tls, "ucp_put_bw", size, next_port()) } else { None };
             both(&format!("UCX_TLS={tls} ucp_put_bw"), bw.map(|x| (x.mib_s, x.cpu_s_per_gb)));
+            // ucp_put_bw moves one buffer to one buffer over and over; brw at concurrency 1
+            // does too (one source, one sink), so this pair compares the transports on the
+            // same working set, where the rows above also compare cache footprints.
+            let c1 = (find(&rows, Op::BrwWrite, size, 1), find(&rows, Op::BrwRead, size, 1));
+            if tls == "sm,self" && c != 1 && (c1.0.is_some() || c1.1.is_some()) {
+                for (name, row) in [("write", c1.0), ("read", c1.1)] {
+                    print_line(&Line {
+                        what: format!("brw {name} {sz} c1 vs UCX_TLS={tls} 1 buf each"),
+                        peer: bw.map(|x| x.mib_s),
+                        ours: mib(row),
+                        unit: "MiB/s",
+                        higher_better: true,
+                        peer_cpu: bw.and_then(|x| x.cpu_s_per_gb),
+                        our_cpu: ours_cpu(row),
+                    });
+                }
+            }
         }
         // iperf3 writes at most 1 MiB per call (-l).
         let len = size.min(1 << 20);
