@@ -336,10 +336,10 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     };
     for &size in &args.sizes {
         let sz = report::size_name(size);
-        let ours = |op| find(&rows, op, size, c);
+        let ours = |op, conc| find(&rows, op, size, conc);
         let mib = |r: Option<&Row>| r.map_or(0.0, |r| r.run.mib_s());
         let ours_cpu = |r: Option<&Row>| r.and_then(Row::cpu_s_per_gb);
-        let (w, r) = (ours(Op::BrwWrite), ours(Op::BrwRead));
+        let w = ours(Op::BrwWrite, c);
         let copy = match crate::copyloop::measure(size, duration) {
             Ok(x) => Some(x),
             Err(e) => {
@@ -347,11 +347,12 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 None
             }
         };
-        // Our brw write and read next to one bandwidth peer: (MiB/s, CPU s/GB).
-        let both = |peer: &str, figure: Option<(f64, Option<f64>)>| {
-            for (name, row) in [("write", w), ("read", r)] {
+        // Our brw write and read at concurrency `conc` next to one bandwidth peer: (MiB/s,
+        // CPU s/GB).
+        let both_at = |conc: usize, peer: &str, figure: Option<(f64, Option<f64>)>| {
+            for (name, row) in [("write", ours(Op::BrwWrite, conc)), ("read", ours(Op::BrwRead, conc))] {
                 print_line(&Line {
-                    what: format!("brw {name} {sz} c{c} vs {peer}"),
+                    what: format!("brw {name} {sz} c{conc} vs {peer}"),
                     peer: figure.map(|f| f.0),
                     ours: mib(row),
                     unit: "MiB/s",
@@ -361,6 +362,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 });
             }
         };
+        let both = |peer: &str, figure| both_at(c, peer, figure);
         both("process_vm_writev loop", copy.map(|x| (x.mib_s, x.cpu_s_per_gb)));
         let limit = crate::memlimit::measure(size, c, duration);
         both(
@@ -369,23 +371,14 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         );
         for tls in ["sm,self", "tcp"] {
             let bw = if have_ucx { ucx(tls, "ucp_put_bw", size, next_port()) } else { None };
-            both(&format!("UCX_TLS={tls} ucp_put_bw"), bw.map(|x| (x.mib_s, x.cpu_s_per_gb)));
+            let figure = bw.map(|x| (x.mib_s, x.cpu_s_per_gb));
+            both(&format!("UCX_TLS={tls} ucp_put_bw"), figure);
             // ucp_put_bw moves one buffer to one buffer over and over; brw at concurrency 1
             // does too (one source, one sink), so this pair compares the transports on the
             // same working set, where the rows above also compare cache footprints.
-            let c1 = (find(&rows, Op::BrwWrite, size, 1), find(&rows, Op::BrwRead, size, 1));
-            if tls == "sm,self" && c != 1 && (c1.0.is_some() || c1.1.is_some()) {
-                for (name, row) in [("write", c1.0), ("read", c1.1)] {
-                    print_line(&Line {
-                        what: format!("brw {name} {sz} c1 vs UCX_TLS={tls} 1 buf each"),
-                        peer: bw.map(|x| x.mib_s),
-                        ours: mib(row),
-                        unit: "MiB/s",
-                        higher_better: true,
-                        peer_cpu: bw.and_then(|x| x.cpu_s_per_gb),
-                        our_cpu: ours_cpu(row),
-                    });
-                }
+            let measured_c1 = [Op::BrwWrite, Op::BrwRead].into_iter().any(|op| ours(op, 1).is_some());
+            if tls == "sm,self" && c != 1 && measured_c1 {
+                both_at(1, &format!("UCX_TLS={tls} 1 buf each"), figure);
             }
         }
         // iperf3 writes at most 1 MiB per call (-l).
