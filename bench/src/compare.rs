@@ -15,7 +15,9 @@
 //! them). UCX
 //! latency tests report one-way latency (half a round trip); our ping is a round trip, so the
 //! table compares our round trip with twice UCX's figure. The peers' CPU time is `getrusage(RUSAGE_CHILDREN)` around their
-//! run: both processes of the pair.
+//! run: both processes of the pair. The last line says how much CPU time the hypervisor stole
+//! while ours ran and while the peers ran ([`cpu::HostTimes`]): on a busy host that, more than
+//! anything measured, moves the ratios between runs.
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -281,6 +283,28 @@ fn print_line(l: &Line) {
     );
 }
 
+/// Steal above this share of the CPU time makes `compare` warn that its ratios are unsteady.
+const STEADY_STEAL: f64 = 0.05;
+
+/// The host line under the table: how much CPU time the hypervisor took while ours ran and
+/// while the peers ran (`/proc/stat`), with a warning when either was above [`STEADY_STEAL`].
+fn steal_note(ours: Option<f64>, peers: Option<f64>) -> String {
+    let mut note = format!(
+        "host steal (the machine's CPU time the hypervisor gave to other guests, /proc/stat): {} \
+         while ours ran, {} while the peers ran",
+        cpu::steal_text(ours),
+        cpu::steal_text(peers)
+    );
+    if ours.into_iter().chain(peers).any(|s| s > STEADY_STEAL) {
+        note.push_str(&format!(
+            "; above {:.0}%, each figure depends on how much was stolen while it ran, so ratios \
+             move from run to run: compare several runs, or run on a quieter moment",
+            100.0 * STEADY_STEAL
+        ));
+    }
+    note
+}
+
 /// Runs the comparison and prints it.
 pub fn run(args: &CompareArgs) -> Result<(), String> {
     if args.sizes.is_empty() || args.concurrencies.is_empty() {
@@ -304,7 +328,9 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         json: false,
     };
     println!("ours: brw check={} (--check), pings verified", format!("{:?}", args.check).to_lowercase());
+    let ours_from = cpu::HostTimes::now();
     let (rows, ok) = measure_matrix(&local, &our_cases(args))?;
+    let ours_steal = ours_from.zip(cpu::HostTimes::now()).and_then(|(a, b)| a.steal_since(b));
     print!("{}", report::table(&rows));
     if !ok {
         return Err("our own runs failed verification; no comparison".to_owned());
@@ -324,6 +350,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     }
     let duration = Duration::from_secs_f64(args.duration.max(0.1));
     let c = args.concurrency;
+    let peers_from = cpu::HostTimes::now();
     println!();
     println!(
         "{:<50} {:>10} {:>10} {:<6} {:>7} {:>9} {:>9}",
@@ -485,5 +512,25 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         "\nratio: ours/peer for bandwidth and rate, peer/ours for latency (above 1 = ours better); \
          CPU: seconds per GB, both processes (ours: client + server; p99 of ours in the table above)"
     );
+    let peers_steal = peers_from.zip(cpu::HostTimes::now()).and_then(|(a, b)| a.steal_since(b));
+    println!("{}", steal_note(ours_steal, peers_steal));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_line_warns_only_when_steal_is_high() {
+        let quiet = steal_note(Some(0.01), Some(0.02));
+        assert!(quiet.contains("1.0% while ours ran, 2.0% while the peers ran"), "{quiet}");
+        assert!(!quiet.contains("above 5%"), "{quiet}");
+        for noisy in [steal_note(Some(0.30), Some(0.01)), steal_note(None, Some(0.06))] {
+            assert!(noisy.contains("above 5%"), "{noisy}");
+        }
+        let unknown = steal_note(None, None);
+        assert!(unknown.contains("unknown while ours ran, unknown while the peers ran"), "{unknown}");
+        assert!(!unknown.contains("above 5%"), "{unknown}");
+    }
 }
