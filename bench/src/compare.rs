@@ -330,7 +330,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     println!("ours: brw check={} (--check), pings verified", format!("{:?}", args.check).to_lowercase());
     let ours_from = cpu::HostTimes::now();
     let (rows, ok) = measure_matrix(&local, &our_cases(args))?;
-    let ours_steal = ours_from.zip(cpu::HostTimes::now()).and_then(|(a, b)| a.steal_since(b));
+    let ours_steal = cpu::HostTimes::stolen_since(ours_from);
     print!("{}", report::table(&rows));
     if !ok {
         return Err("our own runs failed verification; no comparison".to_owned());
@@ -512,7 +512,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         "\nratio: ours/peer for bandwidth and rate, peer/ours for latency (above 1 = ours better); \
          CPU: seconds per GB, both processes (ours: client + server; p99 of ours in the table above)"
     );
-    let peers_steal = peers_from.zip(cpu::HostTimes::now()).and_then(|(a, b)| a.steal_since(b));
+    let peers_steal = cpu::HostTimes::stolen_since(peers_from);
     println!("{}", steal_note(ours_steal, peers_steal));
     Ok(())
 }

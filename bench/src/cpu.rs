@@ -75,6 +75,12 @@ impl HostTimes {
         Some(HostTimes { steal, total })
     }
 
+    /// The share of the machine's CPU time stolen since `start` (a sample taken earlier with
+    /// [`HostTimes::now`]); `None` if either sample is missing.
+    pub fn stolen_since(start: Option<HostTimes>) -> Option<f64> {
+        start.zip(HostTimes::now()).and_then(|(a, b)| a.steal_since(b))
+    }
+
     /// The share of the machine's CPU time stolen between `self` and the later `after`
     /// (0.0 to 1.0); `None` if no tick passed or the counters went backwards.
     pub fn steal_since(self, after: HostTimes) -> Option<f64> {
@@ -130,6 +136,7 @@ mod tests {
         if let Some(now) = HostTimes::now() {
             assert!(now.steal <= now.total);
         }
+        assert_eq!(HostTimes::stolen_since(None), None);
     }
 
     #[test]
