@@ -396,15 +396,15 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             &format!("{}-core memcpy, its {} bufs", limit.threads, report::size_name(limit.working_set)),
             Some((limit.mib_s, limit.cpu_s_per_gb)),
         );
+        // ucp_put_bw moves one buffer to one buffer over and over; brw at concurrency 1 does
+        // too (one source, one sink), so a pair of rows at c1 compares the transports on the
+        // same working set, where the rows at `c` also compare cache footprints.
+        let c1_rows = c != 1 && [Op::BrwWrite, Op::BrwRead].into_iter().any(|op| ours(op, 1).is_some());
         for tls in ["sm,self", "tcp"] {
             let bw = if have_ucx { ucx(tls, "ucp_put_bw", size, next_port()) } else { None };
             let figure = bw.map(|x| (x.mib_s, x.cpu_s_per_gb));
             both(&format!("UCX_TLS={tls} ucp_put_bw"), figure);
-            // ucp_put_bw moves one buffer to one buffer over and over; brw at concurrency 1
-            // does too (one source, one sink), so this pair compares the transports on the
-            // same working set, where the rows above also compare cache footprints.
-            let measured_c1 = [Op::BrwWrite, Op::BrwRead].into_iter().any(|op| ours(op, 1).is_some());
-            if tls == "sm,self" && c != 1 && measured_c1 {
+            if tls == "sm,self" && c1_rows {
                 both_at(1, &format!("UCX_TLS={tls} 1 buf each"), figure);
             }
         }

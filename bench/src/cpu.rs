@@ -132,7 +132,7 @@ mod tests {
         assert_eq!(b.steal_since(a), None, "counters went backwards");
         assert_eq!(steal_text(Some(0.123)), "12.3%");
         assert_eq!(steal_text(None), "unknown");
-        // This machine's own account reads (Linux) and moves forward.
+        // This machine's own account, where there is one (Linux), is consistent.
         if let Some(now) = HostTimes::now() {
             assert!(now.steal <= now.total);
         }
