@@ -24,6 +24,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+mod targets;
+
 use crate::cpu;
 use crate::local::{Case, LocalArgs, measure_matrix};
 use crate::node::Fabric;
@@ -261,7 +263,8 @@ struct Line {
 }
 
 fn print_line(l: &Line) {
-    let cpu = |c: Option<f64>| c.map_or("-".to_owned(), |c| format!("{c:.2}"));
+    // Three decimals: on a fast host both sides spend a few hundredths of a second per GB.
+    let cpu = |c: Option<f64>| c.map_or("-".to_owned(), |c| format!("{c:.3}"));
     // Round trips of a microsecond or less need the second decimal.
     let digits = if l.unit == "us" { 2 } else { 1 };
     let (peer, ratio) = match l.peer {
@@ -356,6 +359,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         "{:<50} {:>10} {:>10} {:<6} {:>7} {:>9} {:>9}",
         "ours vs peer (same run)", "peer", "ours", "unit", "ratio", "peer CPU", "our CPU"
     );
+    let mut figures = targets::Figures::default();
     let mut port = base;
     let mut next_port = || {
         port += 1;
@@ -374,6 +378,9 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
                 None
             }
         };
+        if size == targets::SIZE {
+            figures.copy_loop = copy.as_ref().map(|x| x.mib_s);
+        }
         // Our brw write and read at concurrency `conc` next to one bandwidth peer: (MiB/s,
         // CPU s/GB).
         let both_at = |conc: usize, peer: &str, figure: Option<(f64, Option<f64>)>| {
@@ -403,6 +410,9 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         for tls in ["sm,self", "tcp"] {
             let bw = if have_ucx { ucx(tls, "ucp_put_bw", size, next_port()) } else { None };
             let figure = bw.map(|x| (x.mib_s, x.cpu_s_per_gb));
+            if tls == "sm,self" && size == targets::SIZE {
+                figures.ucx_bw = figure;
+            }
             both(&format!("UCX_TLS={tls} ucp_put_bw"), figure);
             if tls == "sm,self" && c1_rows {
                 both_at(1, &format!("UCX_TLS={tls} 1 buf each"), figure);
@@ -440,6 +450,9 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             let rtt = lat.map(|x| 2.0 * x.lat_us);
             if tls == "sm,self" {
                 sm = rtt;
+                if size == 8 {
+                    figures.ucx_rtt_us = rtt;
+                }
             }
             print_line(&lat_line(format!("ping {name} p50 vs UCX_TLS={tls} ucp_am_lat x2"), rtt, ping));
         }
@@ -514,6 +527,13 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
     );
     let peers_steal = cpu::HostTimes::stolen_since(peers_from);
     println!("{}", steal_note(ours_steal, peers_steal));
+    figures.brw = find(&rows, Op::BrwWrite, targets::SIZE, targets::CONCURRENCY)
+        .map(|r| (r.run.mib_s(), r.cpu_s_per_gb()));
+    figures.ping_us = find(&rows, Op::Ping, 8, 1).map(|r| r.run.lat_us(0.5));
+    println!();
+    for line in targets::verdict(&figures) {
+        println!("{line}");
+    }
     Ok(())
 }
 

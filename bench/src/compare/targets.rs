@@ -1,0 +1,136 @@
+//! Issue 8's targets, judged from the figures of one `compare` run.
+//!
+//! The issue sets four targets, each a ratio within one run: brw write 1 MiB at concurrency 8
+//! at least 0.8x the `process_vm_writev` copy loop and at least 1.0x UCX `sm` `ucp_put_bw`
+//! 1 MiB; ping 8 B p50 at most 1.5x UCX `sm`'s `ucp_am_lat` round trip; and CPU seconds per
+//! GB (brw write 1M c8, both processes) no more than UCX `sm`'s. [`verdict`] turns the run's
+//! figures into one line per target: the figures, and met, not met, or why it could not be
+//! judged (a figure this run did not measure). It judges from the unrounded figures, so a
+//! CPU figure printed the same as UCX's in the table can still be more.
+
+/// The figures the targets need, each `None` when this run did not measure it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Figures {
+    /// Our brw write 1M c8: MiB/s and CPU s/GB (both processes).
+    pub brw: Option<(f64, Option<f64>)>,
+    /// The `process_vm_writev` copy loop at 1 MiB, MiB/s.
+    pub copy_loop: Option<f64>,
+    /// UCX `sm` `ucp_put_bw` at 1 MiB: MiB/s and CPU s/GB.
+    pub ucx_bw: Option<(f64, Option<f64>)>,
+    /// Our ping 8 B p50, µs (a round trip).
+    pub ping_us: Option<f64>,
+    /// UCX `sm` `ucp_am_lat` at 8 B, as a round trip (twice its one-way figure), µs.
+    pub ucx_rtt_us: Option<f64>,
+}
+
+/// Bytes per RPC and RPCs in flight the bandwidth targets are set at.
+pub(super) const SIZE: usize = 1 << 20;
+/// See [`SIZE`].
+pub(super) const CONCURRENCY: usize = 8;
+
+/// The targets' lines, a header first.
+pub(super) fn verdict(f: &Figures) -> Vec<String> {
+    let brw_missing = "not judged: brw write 1M c8 not run (needs 1M in --sizes, 8 in --concurrencies)";
+    let ucx_missing = "not judged: no UCX_TLS=sm,self figure (ucx_perftest not installed, or it failed)";
+    let met = |ok: bool| if ok { "met" } else { "not met" };
+    let ratio_line = |what: &str, floor: f64, peer: Option<f64>, missing_peer: &str| {
+        let judged = match (f.brw, peer) {
+            (None, _) => brw_missing.to_owned(),
+            (_, None) => missing_peer.to_owned(),
+            (Some((ours, _)), Some(p)) if p > 0.0 => {
+                let r = ours / p;
+                format!("{r:.2}x ({ours:.0} vs {p:.0} MiB/s): {}", met(r >= floor))
+            }
+            (Some(_), Some(_)) => missing_peer.to_owned(),
+        };
+        format!("  brw write 1M c8 >= {floor:.1}x {what}: {judged}")
+    };
+    let copy_missing = "not judged: the copy loop did not run at 1M";
+    let ping = match (f.ping_us, f.ucx_rtt_us) {
+        (None, _) => "not judged: ping 8 B did not run".to_owned(),
+        (_, None) => ucx_missing.to_owned(),
+        (Some(ours), Some(u)) => {
+            format!("{ours:.2} vs {u:.2} us, {:.1}x UCX: {}", ours / u.max(1e-9), met(ours <= 1.5 * u))
+        }
+    };
+    let cpu = match (f.brw, f.ucx_bw) {
+        (None, _) => brw_missing.to_owned(),
+        (_, None) => ucx_missing.to_owned(),
+        (Some((_, Some(ours))), Some((_, Some(u)))) => {
+            format!("{ours:.3} vs {u:.3} s/GB: {}", met(ours <= u))
+        }
+        _ => "not judged: a CPU figure is missing".to_owned(),
+    };
+    vec![
+        "issue 8's targets in this run (each a ratio within this run):".to_owned(),
+        ratio_line("the process_vm_writev copy loop", 0.8, f.copy_loop, copy_missing),
+        ratio_line("UCX_TLS=sm,self ucp_put_bw 1M", 1.0, f.ucx_bw.map(|u| u.0), ucx_missing),
+        format!("  ping 8B p50 <= 1.5x UCX_TLS=sm,self ucp_am_lat x2: {ping}"),
+        format!("  CPU per GB, brw write 1M c8 <= UCX_TLS=sm,self ucp_put_bw 1M: {cpu}"),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Figures {
+        Figures {
+            brw: Some((47_000.0, Some(0.041))),
+            copy_loop: Some(12_000.0),
+            ucx_bw: Some((45_000.0, Some(0.044))),
+            ping_us: Some(2.7),
+            ucx_rtt_us: Some(0.3),
+        }
+    }
+
+    #[test]
+    fn each_target_is_judged_from_its_figures() {
+        let lines = verdict(&all());
+        assert_eq!(lines.len(), 5, "{lines:#?}");
+        assert!(lines[1].contains("copy loop: 3.92x") && lines[1].ends_with(": met"), "{}", lines[1]);
+        assert!(lines[2].contains("1.04x (47000 vs 45000 MiB/s): met"), "{}", lines[2]);
+        assert!(lines[3].contains("2.70 vs 0.30 us, 9.0x UCX: not met"), "{}", lines[3]);
+        assert!(lines[4].contains("0.041 vs 0.044 s/GB: met"), "{}", lines[4]);
+    }
+
+    #[test]
+    fn the_bounds_are_inclusive_and_unrounded() {
+        // Exactly 1.0x and exactly 1.5x meet their targets; a CPU figure that rounds to UCX's
+        // in the table but is above it does not.
+        let f = Figures {
+            brw: Some((45_000.0, Some(0.0449))),
+            ucx_bw: Some((45_000.0, Some(0.0441))),
+            // Binary fractions, so that 1.5x the one is exactly the other.
+            ping_us: Some(0.375),
+            ucx_rtt_us: Some(0.25),
+            ..all()
+        };
+        let lines = verdict(&f);
+        assert!(lines[2].contains("1.00x") && lines[2].ends_with(": met"), "{}", lines[2]);
+        assert!(lines[3].ends_with("1.5x UCX: met"), "{}", lines[3]);
+        assert!(lines[4].ends_with("0.045 vs 0.044 s/GB: not met"), "{}", lines[4]);
+        let slower = verdict(&Figures { brw: Some((44_000.0, Some(0.04))), ..all() });
+        assert!(slower[2].contains("0.98x") && slower[2].ends_with(": not met"), "{}", slower[2]);
+    }
+
+    #[test]
+    fn a_figure_the_run_lacks_is_named_not_judged() {
+        let no_brw = verdict(&Figures { brw: None, ..all() });
+        for line in [&no_brw[1], &no_brw[2], &no_brw[4]] {
+            assert!(line.contains("not judged: brw write 1M c8 not run"), "{line}");
+        }
+        assert!(no_brw[3].ends_with("not met"), "{}", no_brw[3]);
+        let no_ucx = verdict(&Figures { ucx_bw: None, ucx_rtt_us: None, ..all() });
+        assert!(no_ucx[1].ends_with(": met"), "{}", no_ucx[1]);
+        for line in [&no_ucx[2], &no_ucx[3], &no_ucx[4]] {
+            assert!(line.contains("ucx_perftest not installed"), "{line}");
+        }
+        let no_copy = verdict(&Figures { copy_loop: None, ..all() });
+        assert!(no_copy[1].contains("copy loop did not run"), "{}", no_copy[1]);
+        let no_cpu = verdict(&Figures { brw: Some((47_000.0, None)), ..all() });
+        assert!(no_cpu[4].contains("a CPU figure is missing"), "{}", no_cpu[4]);
+        let zero_peer = verdict(&Figures { ucx_bw: Some((0.0, Some(0.04))), ..all() });
+        assert!(zero_peer[2].contains("not judged"), "{}", zero_peer[2]);
+    }
+}
