@@ -34,14 +34,14 @@ pub(super) fn verdict(f: &Figures) -> Vec<String> {
     let ucx_missing = "not judged: no UCX_TLS=sm,self figure (ucx_perftest not installed, or it failed)";
     let met = |ok: bool| if ok { "met" } else { "not met" };
     let ratio_line = |what: &str, floor: f64, peer: Option<f64>, missing_peer: &str| {
-        let judged = match (f.brw, peer) {
+        // A peer that moved nothing gives no ratio: judged as not measured.
+        let judged = match (f.brw, peer.filter(|p| *p > 0.0)) {
             (None, _) => brw_missing.to_owned(),
             (_, None) => missing_peer.to_owned(),
-            (Some((ours, _)), Some(p)) if p > 0.0 => {
+            (Some((ours, _)), Some(p)) => {
                 let r = ours / p;
                 format!("{r:.2}x ({ours:.0} vs {p:.0} MiB/s): {}", met(r >= floor))
             }
-            (Some(_), Some(_)) => missing_peer.to_owned(),
         };
         format!("  brw write 1M c8 >= {floor:.1}x {what}: {judged}")
     };
