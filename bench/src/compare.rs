@@ -403,6 +403,9 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             &format!("{}-core memcpy, its {} bufs", limit.threads, report::size_name(limit.working_set)),
             Some((limit.mib_s, limit.cpu_s_per_gb)),
         );
+        if size == targets::SIZE && c == targets::CONCURRENCY {
+            figures.memcpy = Some((limit.mib_s, limit.working_set));
+        }
         // ucp_put_bw moves one buffer to one buffer over and over; brw at concurrency 1 does
         // too (one source, one sink), so a pair of rows at c1 compares the transports on the
         // same working set, where the rows at `c` also compare cache footprints.

@@ -7,6 +7,11 @@
 //! figures into one line per target: the figures, and met, not met, or why it could not be
 //! judged (a figure this run did not measure). It judges from the unrounded figures, so a
 //! CPU figure printed the same as UCX's in the table can still be more.
+//!
+//! `ucp_put_bw` copies one buffer into one buffer, which stay in the cache; brw at
+//! concurrency 8 has eight of each. Where `memcpy` on every core over brw's buffers moves less
+//! than UCX, the UCX target asks for more than this host's memory gives brw's working set, and
+//! the verdict says so under the target's line, with both figures.
 
 /// The figures the targets need, each `None` when this run did not measure it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -17,6 +22,9 @@ pub(super) struct Figures {
     pub copy_loop: Option<f64>,
     /// UCX `sm` `ucp_put_bw` at 1 MiB: MiB/s and CPU s/GB.
     pub ucx_bw: Option<(f64, Option<f64>)>,
+    /// `memcpy` on every core over brw 1M c8's buffers ([`crate::memlimit`]): MiB/s and the
+    /// bytes of buffers it copied between.
+    pub memcpy: Option<(f64, usize)>,
     /// Our ping 8 B p50, µs (a round trip).
     pub ping_us: Option<f64>,
     /// UCX `sm` `ucp_am_lat` at 8 B, as a round trip (twice its one-way figure), µs.
@@ -61,13 +69,24 @@ pub(super) fn verdict(f: &Figures) -> Vec<String> {
         }
         _ => "not judged: a CPU figure is missing".to_owned(),
     };
-    vec![
+    let mut lines = vec![
         "issue 8's targets in this run (each a ratio within this run):".to_owned(),
         ratio_line("the process_vm_writev copy loop", 0.8, f.copy_loop, copy_missing),
         ratio_line("UCX_TLS=sm,self ucp_put_bw 1M", 1.0, f.ucx_bw.map(|u| u.0), ucx_missing),
-        format!("  ping 8B p50 <= 1.5x UCX_TLS=sm,self ucp_am_lat x2: {ping}"),
-        format!("  CPU per GB, brw write 1M c8 <= UCX_TLS=sm,self ucp_put_bw 1M: {cpu}"),
-    ]
+    ];
+    if let (Some((u, _)), Some((m, set))) = (f.ucx_bw, f.memcpy) {
+        if m < u {
+            lines.push(format!(
+                "    memcpy on every core over brw's {} MiB of buffers moves {m:.0} MiB/s, {:.2}x UCX's \
+                 one cache-resident buffer: on this host that target is above memory speed for brw",
+                set >> 20,
+                m / u
+            ));
+        }
+    }
+    lines.push(format!("  ping 8B p50 <= 1.5x UCX_TLS=sm,self ucp_am_lat x2: {ping}"));
+    lines.push(format!("  CPU per GB, brw write 1M c8 <= UCX_TLS=sm,self ucp_put_bw 1M: {cpu}"));
+    lines
 }
 
 #[cfg(test)]
@@ -79,6 +98,7 @@ mod tests {
             brw: Some((47_000.0, Some(0.041))),
             copy_loop: Some(12_000.0),
             ucx_bw: Some((45_000.0, Some(0.044))),
+            memcpy: Some((60_000.0, 16 << 20)),
             ping_us: Some(2.7),
             ucx_rtt_us: Some(0.3),
         }
@@ -115,6 +135,23 @@ mod tests {
     }
 
     #[test]
+    fn a_memcpy_slower_than_ucx_is_named_under_the_ucx_target() {
+        let lines = verdict(&Figures {
+            brw: Some((7_652.0, Some(0.25))),
+            memcpy: Some((6_581.0, 16 << 20)),
+            ucx_bw: Some((19_112.0, Some(0.1))),
+            ..all()
+        });
+        assert_eq!(lines.len(), 6, "{lines:#?}");
+        assert!(lines[2].ends_with("0.40x (7652 vs 19112 MiB/s): not met"), "{}", lines[2]);
+        assert!(lines[3].contains("16 MiB of buffers moves 6581 MiB/s, 0.34x UCX"), "{}", lines[3]);
+        assert!(lines[4].contains("ping 8B"), "{}", lines[4]);
+        // Without UCX there is nothing to compare the memcpy with.
+        let no_ucx = verdict(&Figures { ucx_bw: None, memcpy: Some((6_581.0, 16 << 20)), ..all() });
+        assert_eq!(no_ucx.len(), 5, "{no_ucx:#?}");
+    }
+
+    #[test]
     fn a_figure_the_run_lacks_is_named_not_judged() {
         let no_brw = verdict(&Figures { brw: None, ..all() });
         for line in [&no_brw[1], &no_brw[2], &no_brw[4]] {
@@ -128,6 +165,8 @@ mod tests {
         }
         let no_copy = verdict(&Figures { copy_loop: None, ..all() });
         assert!(no_copy[1].contains("copy loop did not run"), "{}", no_copy[1]);
+        let no_memcpy = verdict(&Figures { memcpy: None, ..all() });
+        assert_eq!(no_memcpy, verdict(&all()), "a faster memcpy adds no line");
         let no_cpu = verdict(&Figures { brw: Some((47_000.0, None)), ..all() });
         assert!(no_cpu[4].contains("a CPU figure is missing"), "{}", no_cpu[4]);
         let zero_peer = verdict(&Figures { ucx_bw: Some((0.0, Some(0.04))), ..all() });
