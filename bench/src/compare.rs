@@ -464,6 +464,9 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
         match crate::fabricping::measure(size, duration, args.port) {
             Ok(floor) => {
                 device = Some(floor.p50_us);
+                if size == 8 {
+                    figures.fabric_ping_us = device;
+                }
                 print_line(&lat_line(
                     format!("ping {name} p50 vs fabric-ping (device alone)"),
                     Some(floor.p50_us),

@@ -11,7 +11,9 @@
 //! `ucp_put_bw` copies one buffer into one buffer, which stay in the cache; brw at
 //! concurrency 8 has eight of each. Where `memcpy` on every core over brw's buffers moves less
 //! than UCX, the UCX target asks for more than this host's memory gives brw's working set, and
-//! the verdict says so under the target's line, with both figures.
+//! the verdict says so under the target's line, with both figures. Likewise for the ping: where
+//! the software device alone (`fabric-ping`) takes longer than the target allows, no LND above
+//! it can meet it, and the verdict says so under the ping's line.
 
 /// The figures the targets need, each `None` when this run did not measure it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -29,6 +31,8 @@ pub(super) struct Figures {
     pub ping_us: Option<f64>,
     /// UCX `sm` `ucp_am_lat` at 8 B, as a round trip (twice its one-way figure), µs.
     pub ucx_rtt_us: Option<f64>,
+    /// `fabric-ping` 8 B p50 (the software device alone, no LND or LNet), µs.
+    pub fabric_ping_us: Option<f64>,
 }
 
 /// Bytes per RPC and RPCs in flight the bandwidth targets are set at.
@@ -85,6 +89,16 @@ pub(super) fn verdict(f: &Figures) -> Vec<String> {
         }
     }
     lines.push(format!("  ping 8B p50 <= 1.5x UCX_TLS=sm,self ucp_am_lat x2: {ping}"));
+    if let (Some(u), Some(d)) = (f.ucx_rtt_us, f.fabric_ping_us) {
+        let target = 1.5 * u;
+        if d > target && target > 0.0 {
+            lines.push(format!(
+                "    the software device alone (fabric-ping) takes {d:.2} us, {:.1}x that target: \
+                 no LND above it can meet it",
+                d / target
+            ));
+        }
+    }
     lines.push(format!("  CPU per GB, brw write 1M c8 <= UCX_TLS=sm,self ucp_put_bw 1M: {cpu}"));
     lines
 }
@@ -101,6 +115,7 @@ mod tests {
             memcpy: Some((60_000.0, 16 << 20)),
             ping_us: Some(2.7),
             ucx_rtt_us: Some(0.3),
+            fabric_ping_us: Some(0.3),
         }
     }
 
@@ -135,7 +150,7 @@ mod tests {
     }
 
     #[test]
-    fn a_memcpy_slower_than_ucx_is_named_under_the_ucx_target() {
+    fn a_memcpy_or_a_device_slower_than_its_target_is_named_under_it() {
         let lines = verdict(&Figures {
             brw: Some((7_652.0, Some(0.25))),
             memcpy: Some((6_581.0, 16 << 20)),
@@ -146,8 +161,23 @@ mod tests {
         assert!(lines[2].ends_with("0.40x (7652 vs 19112 MiB/s): not met"), "{}", lines[2]);
         assert!(lines[3].contains("16 MiB of buffers moves 6581 MiB/s, 0.34x UCX"), "{}", lines[3]);
         assert!(lines[4].contains("ping 8B"), "{}", lines[4]);
-        // Without UCX there is nothing to compare the memcpy with.
-        let no_ucx = verdict(&Figures { ucx_bw: None, memcpy: Some((6_581.0, 16 << 20)), ..all() });
+        // A device slower than the ping target is named under it.
+        let slow_device = verdict(&Figures { fabric_ping_us: Some(1.93), ucx_rtt_us: Some(0.54), ..all() });
+        assert_eq!(slow_device.len(), 6, "{slow_device:#?}");
+        assert!(slow_device[3].contains("ping 8B"), "{}", slow_device[3]);
+        assert!(
+            slow_device[4].contains("fabric-ping) takes 1.93 us, 2.4x that target"),
+            "{}",
+            slow_device[4]
+        );
+        // Without UCX there is nothing to compare the memcpy or the device with.
+        let no_ucx = verdict(&Figures {
+            ucx_bw: None,
+            ucx_rtt_us: None,
+            memcpy: Some((6_581.0, 16 << 20)),
+            fabric_ping_us: Some(1.93),
+            ..all()
+        });
         assert_eq!(no_ucx.len(), 5, "{no_ucx:#?}");
     }
 
