@@ -35,6 +35,9 @@ pub(super) struct Figures {
     pub fabric_ping_us: Option<f64>,
 }
 
+/// The ping target: at most this many times UCX `sm`'s round trip.
+const PING_FACTOR: f64 = 1.5;
+
 /// Bytes per RPC and RPCs in flight the bandwidth targets are set at.
 pub(super) const SIZE: usize = 1 << 20;
 /// See [`SIZE`].
@@ -58,11 +61,13 @@ pub(super) fn verdict(f: &Figures) -> Vec<String> {
         format!("  brw write 1M c8 >= {floor:.1}x {what}: {judged}")
     };
     let copy_missing = "not judged: the copy loop did not run at 1M";
+    let ping_target = f.ucx_rtt_us.map(|u| PING_FACTOR * u);
+    let ping_missed = matches!((f.ping_us, ping_target), (Some(ours), Some(t)) if ours > t);
     let ping = match (f.ping_us, f.ucx_rtt_us) {
         (None, _) => "not judged: ping 8 B did not run".to_owned(),
         (_, None) => ucx_missing.to_owned(),
         (Some(ours), Some(u)) => {
-            format!("{ours:.2} vs {u:.2} us, {:.1}x UCX: {}", ours / u.max(1e-9), met(ours <= 1.5 * u))
+            format!("{ours:.2} vs {u:.2} us, {:.1}x UCX: {}", ours / u.max(1e-9), met(!ping_missed))
         }
     };
     let cpu = match (f.brw, f.ucx_bw) {
@@ -80,27 +85,23 @@ pub(super) fn verdict(f: &Figures) -> Vec<String> {
     ];
     // Said only of a target not met: a brw that beat UCX needs no excuse.
     let bw_missed = matches!((f.brw, f.ucx_bw), (Some((ours, _)), Some((u, _))) if ours < u);
-    if let (Some((u, _)), Some((m, set))) = (f.ucx_bw, f.memcpy) {
-        if m < u && bw_missed {
-            lines.push(format!(
-                "    memcpy on every core over brw's {} MiB of buffers moves {m:.0} MiB/s, {:.2}x UCX's \
-                 one cache-resident buffer: on this host that target is above memory speed for brw",
-                set >> 20,
-                m / u
-            ));
-        }
+    let wall = f.ucx_bw.zip(f.memcpy).filter(|((u, _), (m, _))| bw_missed && m < u);
+    if let Some(((u, _), (m, set))) = wall {
+        lines.push(format!(
+            "    memcpy on every core over brw's {} MiB of buffers moves {m:.0} MiB/s, {:.2}x UCX's \
+             one cache-resident buffer: on this host that target is above memory speed for brw",
+            set >> 20,
+            m / u
+        ));
     }
-    lines.push(format!("  ping 8B p50 <= 1.5x UCX_TLS=sm,self ucp_am_lat x2: {ping}"));
-    if let (Some(u), Some(d)) = (f.ucx_rtt_us, f.fabric_ping_us) {
-        let target = 1.5 * u;
-        let ping_missed = f.ping_us.is_some_and(|ours| ours > target);
-        if d > target && target > 0.0 && ping_missed {
-            lines.push(format!(
-                "    the software device alone (fabric-ping) takes {d:.2} us, {:.1}x that target: \
-                 no LND above it can meet it",
-                d / target
-            ));
-        }
+    lines.push(format!("  ping 8B p50 <= {PING_FACTOR:.1}x UCX_TLS=sm,self ucp_am_lat x2: {ping}"));
+    let slow_device = ping_target.zip(f.fabric_ping_us).filter(|&(t, d)| ping_missed && t > 0.0 && d > t);
+    if let Some((t, d)) = slow_device {
+        lines.push(format!(
+            "    the software device alone (fabric-ping) takes {d:.2} us, {:.1}x that target: \
+             no LND above it can meet it",
+            d / t
+        ));
     }
     lines.push(format!("  CPU per GB, brw write 1M c8 <= UCX_TLS=sm,self ucp_put_bw 1M: {cpu}"));
     lines
