@@ -404,7 +404,7 @@ pub fn run(args: &CompareArgs) -> Result<(), String> {
             Some((limit.mib_s, limit.cpu_s_per_gb)),
         );
         if size == targets::SIZE && c == targets::CONCURRENCY {
-            figures.memcpy = Some((limit.mib_s, limit.working_set));
+            figures.memcpy = Some(limit);
         }
         // ucp_put_bw moves one buffer to one buffer over and over; brw at concurrency 1 does
         // too (one source, one sink), so a pair of rows at c1 compares the transports on the

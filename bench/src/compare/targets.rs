@@ -13,7 +13,11 @@
 //! than UCX, the UCX target asks for more than this host's memory gives brw's working set, and
 //! the verdict says so under the target's line, with both figures. Likewise for the ping: where
 //! the software device alone (`fabric-ping`) takes longer than the target allows, no LND above
-//! it can meet it, and the verdict says so under the ping's line.
+//! it can meet it, and the verdict says so under the ping's line. And for CPU: brw makes one
+//! copy of every byte it moves, so where that `memcpy`'s own CPU per GB is more than UCX's
+//! whole figure, the CPU target is below the cost of the copy, and the verdict says so under it.
+
+use crate::memlimit::MemLimit;
 
 /// The figures the targets need, each `None` when this run did not measure it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -24,9 +28,8 @@ pub(super) struct Figures {
     pub copy_loop: Option<f64>,
     /// UCX `sm` `ucp_put_bw` at 1 MiB: MiB/s and CPU s/GB.
     pub ucx_bw: Option<(f64, Option<f64>)>,
-    /// `memcpy` on every core over brw 1M c8's buffers ([`crate::memlimit`]): MiB/s and the
-    /// bytes of buffers it copied between.
-    pub memcpy: Option<(f64, usize)>,
+    /// `memcpy` on every core over brw 1M c8's buffers ([`crate::memlimit`]).
+    pub memcpy: Option<MemLimit>,
     /// Our ping 8 B p50, µs (a round trip).
     pub ping_us: Option<f64>,
     /// UCX `sm` `ucp_am_lat` at 8 B, as a round trip (twice its one-way figure), µs.
@@ -85,13 +88,14 @@ pub(super) fn verdict(f: &Figures) -> Vec<String> {
     ];
     // Said only of a target not met: a brw that beat UCX needs no excuse.
     let bw_missed = matches!((f.brw, f.ucx_bw), (Some((ours, _)), Some((u, _))) if ours < u);
-    let wall = f.ucx_bw.zip(f.memcpy).filter(|((u, _), (m, _))| bw_missed && m < u);
-    if let Some(((u, _), (m, set))) = wall {
+    let wall = f.ucx_bw.zip(f.memcpy).filter(|((u, _), m)| bw_missed && m.mib_s < *u);
+    if let Some(((u, _), m)) = wall {
         lines.push(format!(
-            "    memcpy on every core over brw's {} MiB of buffers moves {m:.0} MiB/s, {:.2}x UCX's \
+            "    memcpy on every core over brw's {} MiB of buffers moves {:.0} MiB/s, {:.2}x UCX's \
              one cache-resident buffer: on this host that target is above memory speed for brw",
-            set >> 20,
-            m / u
+            m.working_set >> 20,
+            m.mib_s,
+            m.mib_s / u
         ));
     }
     lines.push(format!("  ping 8B p50 <= {PING_FACTOR:.1}x UCX_TLS=sm,self ucp_am_lat x2: {ping}"));
@@ -104,6 +108,21 @@ pub(super) fn verdict(f: &Figures) -> Vec<String> {
         ));
     }
     lines.push(format!("  CPU per GB, brw write 1M c8 <= UCX_TLS=sm,self ucp_put_bw 1M: {cpu}"));
+    // brw makes one copy of every byte it moves, so the copy's own CPU is a floor under brw's.
+    let costly_copy = match (f.brw, f.ucx_bw, f.memcpy) {
+        (Some((_, Some(ours))), Some((_, Some(u))), Some(m)) if ours > u => {
+            m.cpu_s_per_gb.filter(|&c| u > 0.0 && c > u).map(|c| (c, u))
+        }
+        _ => None,
+    };
+    if let Some((c, u)) = costly_copy {
+        lines.push(format!(
+            "    memcpy alone over brw's {} MiB of buffers costs {c:.3} s/GB, {:.2}x UCX's: on this \
+             host that target is below the cost of the one copy brw must make",
+            f.memcpy.map_or(0, |m| m.working_set >> 20),
+            c / u
+        ));
+    }
     lines
 }
 
@@ -111,12 +130,16 @@ pub(super) fn verdict(f: &Figures) -> Vec<String> {
 mod tests {
     use super::*;
 
+    fn memcpy(mib_s: f64, cpu_s_per_gb: f64) -> Option<MemLimit> {
+        Some(MemLimit { mib_s, cpu_s_per_gb: Some(cpu_s_per_gb), threads: 2, working_set: 16 << 20 })
+    }
+
     fn all() -> Figures {
         Figures {
             brw: Some((47_000.0, Some(0.041))),
             copy_loop: Some(12_000.0),
             ucx_bw: Some((45_000.0, Some(0.044))),
-            memcpy: Some((60_000.0, 16 << 20)),
+            memcpy: memcpy(60_000.0, 0.02),
             ping_us: Some(2.7),
             ucx_rtt_us: Some(0.3),
             fabric_ping_us: Some(0.3),
@@ -157,7 +180,7 @@ mod tests {
     fn a_memcpy_or_a_device_slower_than_its_target_is_named_under_it() {
         let lines = verdict(&Figures {
             brw: Some((7_652.0, Some(0.25))),
-            memcpy: Some((6_581.0, 16 << 20)),
+            memcpy: memcpy(6_581.0, 0.02),
             ucx_bw: Some((19_112.0, Some(0.1))),
             ..all()
         });
@@ -177,7 +200,7 @@ mod tests {
         // Neither is said of a target met.
         let met = verdict(&Figures {
             brw: Some((20_000.0, Some(0.05))),
-            memcpy: Some((6_581.0, 16 << 20)),
+            memcpy: memcpy(6_581.0, 0.02),
             ucx_bw: Some((19_112.0, Some(0.1))),
             ping_us: Some(0.7),
             ucx_rtt_us: Some(0.5),
@@ -189,11 +212,39 @@ mod tests {
         let no_ucx = verdict(&Figures {
             ucx_bw: None,
             ucx_rtt_us: None,
-            memcpy: Some((6_581.0, 16 << 20)),
+            memcpy: memcpy(6_581.0, 0.02),
             fabric_ping_us: Some(1.93),
             ..all()
         });
         assert_eq!(no_ucx.len(), 5, "{no_ucx:#?}");
+    }
+
+    #[test]
+    fn a_copy_costlier_than_the_cpu_target_is_named_under_it() {
+        // Session 29's host: the copy alone costs more CPU per GB than UCX's whole run.
+        let f = Figures {
+            brw: Some((16_776.0, Some(0.113))),
+            ucx_bw: Some((31_785.0, Some(0.056))),
+            memcpy: memcpy(27_648.0, 0.069),
+            ..all()
+        };
+        // Its memcpy was below UCX's bandwidth too: both notes, each under its own target.
+        let lines = verdict(&f);
+        assert_eq!(lines.len(), 7, "{lines:#?}");
+        assert!(lines[3].contains("moves 27648 MiB/s, 0.87x UCX"), "{}", lines[3]);
+        assert!(lines[5].ends_with("0.113 vs 0.056 s/GB: not met"), "{}", lines[5]);
+        assert!(lines[6].contains("16 MiB of buffers costs 0.069 s/GB, 1.23x UCX's"), "{}", lines[6]);
+        // A cheap copy, a met target, or no copy figure adds no line under CPU.
+        let f = Figures { memcpy: memcpy(40_000.0, 0.069), ..f };
+        assert_eq!(verdict(&f).len(), 6, "{:#?}", verdict(&f));
+        for quiet in [
+            Figures { memcpy: memcpy(40_000.0, 0.05), ..f },
+            Figures { brw: Some((16_776.0, Some(0.05))), ..f },
+            Figures { memcpy: None, ..f },
+            Figures { memcpy: Some(MemLimit { cpu_s_per_gb: None, ..memcpy(40_000.0, 0.0).unwrap() }), ..f },
+        ] {
+            assert_eq!(verdict(&quiet).len(), 5, "{quiet:?}");
+        }
     }
 
     #[test]
