@@ -22,7 +22,10 @@
 //! notification, so no system call, per completion); before the scheduler sleeps it arms them
 //! all ([`Engine::arm_cqs`], `engine::cq`). A spinning scheduler looks only at memory (frame
 //! rings, polled CQs, the command queue) and asks the kernel (epoll, and a yield of the CPU to
-//! any other runnable thread) every `KERNEL_POLL_INTERVAL`. After a poll that found nothing,
+//! any other runnable thread) only as often as [`pacing`] finds useful: epoll every 5 µs while
+//! packets move through the device's fds, rarely once every peer is behind a same-host ring;
+//! a yield every 5 µs while yields let another thread run, less often while none is waiting
+//! for the CPU. After a poll that found nothing,
 //! it does not even poll the engine until something could be there: a command, the engine's
 //! next deadline, or the device saying it has work ([`Device::work_pending`]: for the soft
 //! device, a frame in a ring, a socket not known to be drained, sends ready). An idle turn is
@@ -32,6 +35,7 @@
 //! its own engine and a share of the peers (chosen by the peer's address), all on one device
 //! ([`shard`]). A peer's connections, credits and transmits live on one thread, lock-free.
 
+pub mod pacing;
 pub mod shard;
 
 use std::cell::{Cell, RefCell};
@@ -60,6 +64,7 @@ use crate::fabric::{Device, FabricError, FabricStats};
 use crate::time::Instant;
 use crate::tunables::Tunables;
 
+use self::pacing::SpinPacing;
 use self::shard::{Router, Shard, shard_of};
 
 const WAKER: Token = Token(0);
@@ -72,11 +77,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 /// Longest sleep between turns (bounds the latency of anything not fd-driven).
 const MAX_SLEEP: Duration = Duration::from_millis(250);
-/// While a scheduler spins, how often it also asks the kernel (epoll for sockets and wakers,
-/// and a yield of the CPU); in between it looks only at memory (frame rings, polled CQs, the
-/// command queue). Measured with ping 8 B: 2 µs gave 8.8–9.8 µs round trips, 5 µs 8.2–8.3,
-/// 10 µs 8.0 (with a worse p99); every turn, 9.6–10.7.
-const KERNEL_POLL_INTERVAL: Duration = Duration::from_micros(5);
 /// How long a query (peers, stats) waits for the scheduler.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often a scheduler refreshes the peer list it shares for queries from its own event
@@ -718,7 +718,8 @@ impl<D: Device> Scheduler<D> {
         // While spinning, busy CQs are polled rather than armed (no eventfd per completion).
         self.engine.set_cq_poll_window(spin);
         let mut last_work = self.clock.now();
-        let mut last_kernel = self.clock.now();
+        // When to ask the kernel while spinning (the poller, a yield of the CPU).
+        let mut pacing = SpinPacing::new(last_work);
         // Set while spinning after a poll that found nothing: until the next kernel poll, the
         // engine is polled again only when the device has something, a command came, or its
         // deadline (as of that poll) is due.
@@ -727,7 +728,7 @@ impl<D: Device> Scheduler<D> {
         loop {
             self.turns += 1;
             if let Some(due) = idle_until.take() {
-                self.spin_until_work(due.min(last_kernel + KERNEL_POLL_INTERVAL));
+                self.spin_until_work(due.min(pacing.next_due()));
             }
             let now = self.clock.now();
             if now >= next_snapshot {
@@ -774,9 +775,10 @@ impl<D: Device> Scheduler<D> {
             };
             // No sleep (work already waiting, such as a command an upcall queued or a deadline
             // due, or spinning): the next turn comes at once. The rings and CQs need no system
-            // call, so the kernel (sockets, wakers) is asked only every KERNEL_POLL_INTERVAL
-            // (an epoll_wait per message was on every round trip's path).
-            if timeout.is_zero() && now.saturating_duration_since(last_kernel) < KERNEL_POLL_INTERVAL {
+            // call, so the kernel is asked only when `pacing` says (an epoll_wait per message
+            // was on every round trip's path; see `pacing` for what each call costs).
+            let yield_due = spinning && pacing.yield_due(now);
+            if timeout.is_zero() && !yield_due && !pacing.poll_due(now) {
                 if spinning {
                     if !worked && shutdown_deadline.is_none() {
                         // Everything this poll could see is done (completions reaped, frames
@@ -787,11 +789,15 @@ impl<D: Device> Scheduler<D> {
                 }
                 continue;
             }
-            if spinning {
-                // Before asking the kernel, let any other runnable thread (the peer process,
-                // the application) have this CPU, so that spinning never delays the work it
-                // waits for on a machine with few cores.
+            if yield_due {
+                // Let any other runnable thread (the peer process, a copy helper, the
+                // application) have this CPU, so that spinning never delays the work it waits
+                // for on a machine with few cores; how long it took tells whether one ran.
                 std::thread::yield_now();
+                pacing.yielded(now, self.clock.now());
+            }
+            if timeout.is_zero() && !pacing.poll_due(now) {
+                continue;
             }
             // Before sleeping, the CQs polled while spinning are armed (a completion that
             // slipped in first is handled, and then there is no sleep), and the device makes
@@ -813,7 +819,6 @@ impl<D: Device> Scheduler<D> {
             };
             let timeout = if asleep { timeout } else { Duration::ZERO };
             let polled = self.poll.poll(&mut events, Some(timeout));
-            last_kernel = now;
             self.shared.sleeping.store(false, Ordering::Relaxed);
             if prepared {
                 self.engine.device().awake();
@@ -828,6 +833,7 @@ impl<D: Device> Scheduler<D> {
                     return Ended::PollFailed;
                 }
             }
+            let mut fd_events = false;
             for ev in events.iter() {
                 let Token(t) = ev.token();
                 if t >= CQ_BASE {
@@ -836,8 +842,10 @@ impl<D: Device> Scheduler<D> {
                     // mio is edge-triggered: the device may skip reading a drained socket
                     // until the next edge.
                     self.engine.device().fd_readable(fd);
+                    fd_events = true;
                 }
             }
+            pacing.polled(now, fd_events, self.engine.device().fd_packets());
         }
     }
 

@@ -290,6 +290,12 @@ impl<D: Device> Device for Shard<D> {
     fn packets(&self) -> u64 {
         if self.index == 0 { self.dev.packets() } else { 0 }
     }
+
+    /// Shard 0's; the other shards poll none of the device's fds ([`Shard::pollable_fds`]), so
+    /// nothing moves through theirs (if the device can tell at all).
+    fn fd_packets(&self) -> Option<u64> {
+        if self.index == 0 { self.dev.fd_packets() } else { self.dev.fd_packets().map(|_| 0) }
+    }
 }
 
 #[cfg(test)]

@@ -265,6 +265,14 @@ pub trait Device: Send + Sync + 'static {
         true
     }
 
+    /// Packets sent and received so far through [`Device::pollable_fds`] (the software
+    /// device's UDP socket), as opposed to memory the device reads itself (its same-host
+    /// rings, or an HCA's CQs); `None` (the default) when the device cannot tell. A spinning
+    /// caller that sees it stand still can ask its poller less often.
+    fn fd_packets(&self) -> Option<u64> {
+        None
+    }
+
     /// Packets sent plus packets received so far (wrapping): a counter that moves whenever
     /// the device moves traffic, cheap enough to read on every scheduler turn.
     fn packets(&self) -> u64 {

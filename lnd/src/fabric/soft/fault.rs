@@ -273,6 +273,10 @@ impl Wire for FaultyWire {
         self.inner.ring_stats()
     }
 
+    fn socket_frames(&self) -> Option<u64> {
+        self.inner.socket_frames()
+    }
+
     fn send(&mut self, now: Instant, dst: Ipv4Addr, frame: &[u8]) -> io::Result<()> {
         if self.passes_straight() {
             return self.inner.send(now, dst, frame);

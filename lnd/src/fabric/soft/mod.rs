@@ -1067,6 +1067,10 @@ impl Device for SoftDevice {
     fn packets(&self) -> u64 {
         self.shared.published.packets.load(Ordering::Acquire)
     }
+
+    fn fd_packets(&self) -> Option<u64> {
+        self.shared.lock().wire.socket_frames()
+    }
 }
 
 #[cfg(test)]

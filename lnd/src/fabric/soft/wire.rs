@@ -101,6 +101,12 @@ pub trait Wire: Send {
     fn immediate_route(&self, _dst: Ipv4Addr) -> bool {
         false
     }
+    /// Frames sent and received through the wire's socket so far (not through same-host
+    /// rings, not doorbells), if it has one: a count that moves while traffic depends on the
+    /// caller's poller reporting the socket.
+    fn socket_frames(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Counters of a wire's same-host rings ([`super::ring`]).
@@ -191,6 +197,8 @@ pub struct UdpWire {
     rings_rx: Vec<(Ipv4Addr, u16, RingRx)>,
     rx_next: usize,
     ring_stats: RingStats,
+    /// Frames sent and received through the socket ([`Wire::socket_frames`]).
+    socket_frames: u64,
 }
 
 /// How frames to one destination travel.
@@ -255,6 +263,7 @@ impl UdpWire {
             rings_rx: Vec::new(),
             rx_next: 0,
             ring_stats: RingStats::default(),
+            socket_frames: 0,
         })
     }
 
@@ -488,7 +497,10 @@ impl Wire for UdpWire {
             return Ok(());
         }
         match self.socket.send_to(frame, SocketAddrV4::new(dst, self.port)) {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.socket_frames += 1;
+                Ok(())
+            }
             // An ICMP port-unreachable from an earlier frame: the peer's port is gone. RC
             // retransmission deals with it; the frame counts as lost.
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(()),
@@ -509,7 +521,10 @@ impl Wire for UdpWire {
             return Ok(());
         }
         match self.send_gso(dst, frames, seg as u16) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.socket_frames += frames.len().div_ceil(seg) as u64;
+                Ok(())
+            }
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Ok(()),
             // No GSO in this kernel or for this route: one datagram per call from now on.
             Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP)) => {
@@ -570,6 +585,7 @@ impl Wire for UdpWire {
                         }
                         continue;
                     }
+                    self.socket_frames += 1;
                     Ok(Some(r))
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -642,6 +658,10 @@ impl Wire for UdpWire {
 
     fn ring_stats(&self) -> RingStats {
         self.ring_stats
+    }
+
+    fn socket_frames(&self) -> Option<u64> {
+        Some(self.socket_frames)
     }
 }
 
