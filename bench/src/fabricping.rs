@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use lnd::clock::Clock;
+use lnd::driver::pacing::SpinPacing;
 use lnd::fabric::dma::RegisteredBuf;
 use lnd::fabric::soft::{SoftConfig, SoftCq, SoftDevice, SoftQp};
 use lnd::fabric::{
@@ -44,7 +45,7 @@ pub const MIN_SIZE: usize = 8;
 const SLOTS: usize = 64;
 const PONG_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 const PING_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
-/// Looks at an idle device, and turns, between looks at the kernel (the sockets' readiness).
+/// Looks at an idle device per turn, at most.
 const POLLS_PER_LOOK: u32 = 64;
 /// How long either side waits for the other to connect.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -75,7 +76,8 @@ struct End {
     events: Events,
     fds: Vec<RawFd>,
     wcs: [Wc; 32],
-    polls: u32,
+    /// When to ask the kernel which sockets became readable: as the LND's scheduler does.
+    pacing: SpinPacing,
 }
 
 impl End {
@@ -124,7 +126,7 @@ impl End {
             events: Events::with_capacity(16),
             fds,
             wcs: [Wc::default(); 32],
-            polls: 0,
+            pacing: SpinPacing::new(Instant::ZERO),
         })
     }
 
@@ -177,8 +179,10 @@ impl End {
 
     /// The second half: the device transmits what was posted, then, as the LND's scheduler
     /// does while busy-polling, the device is only looked at (`work_pending`, no transport
-    /// work) until something arrives or `POLLS_PER_LOOK` looks have passed; then the kernel is
-    /// asked which sockets became readable (MADs, and frames that came by UDP).
+    /// work) until something arrives or `POLLS_PER_LOOK` looks have passed; the kernel is asked
+    /// which sockets became readable (MADs, and frames that came by UDP) when the scheduler's
+    /// pacing would ask it ([`SpinPacing`]: often while frames come by UDP, rarely while every
+    /// frame comes through a same-host ring).
     fn finish(&mut self, now: Instant) -> Result<(), String> {
         self.dev.progress(now).map_err(|e| e.to_string())?;
         let mut looks = 0;
@@ -186,14 +190,16 @@ impl End {
             looks += 1;
             std::hint::spin_loop();
         }
-        self.polls += 1;
-        if looks == POLLS_PER_LOOK || self.polls % POLLS_PER_LOOK == 0 {
+        if self.pacing.poll_due(now) {
             self.poll.poll(&mut self.events, Some(Duration::ZERO)).map_err(|e| e.to_string())?;
+            let mut fd_events = false;
             for ev in self.events.iter() {
                 if let Some(&fd) = self.fds.get(ev.token().0) {
                     self.dev.fd_readable(fd);
+                    fd_events = true;
                 }
             }
+            self.pacing.polled(now, fd_events, self.dev.fd_packets());
         }
         Ok(())
     }
