@@ -792,9 +792,11 @@ impl<D: Device> Scheduler<D> {
             if yield_due {
                 // Let any other runnable thread (the peer process, a copy helper, the
                 // application) have this CPU, so that spinning never delays the work it waits
-                // for on a machine with few cores; how long it took tells whether one ran.
+                // for on a machine with few cores; how long it took tells whether one ran (timed
+                // on its own: `now` is from before this turn's work).
+                let start = self.clock.now();
                 std::thread::yield_now();
-                pacing.yielded(now, self.clock.now());
+                pacing.yielded(start, self.clock.now());
             }
             if timeout.is_zero() && !pacing.poll_due(now) {
                 continue;
