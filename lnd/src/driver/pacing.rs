@@ -44,7 +44,6 @@ pub const YIELD_RAN: Duration = Duration::from_micros(4);
 #[derive(Clone, Debug)]
 pub struct SpinPacing {
     last_poll: Instant,
-    poll_interval: Duration,
     /// The device's fd packet count at the last poll (`None`: it cannot tell).
     fd_packets: Option<u64>,
     /// When the device's fds last moved a packet (or a poll reported one of them).
@@ -58,7 +57,6 @@ impl SpinPacing {
     pub fn new(now: Instant) -> SpinPacing {
         SpinPacing {
             last_poll: now,
-            poll_interval: POLL_INTERVAL,
             fd_packets: None,
             fd_active: now,
             last_yield: now,
@@ -68,7 +66,7 @@ impl SpinPacing {
 
     /// Whether the poller is due.
     pub fn poll_due(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.last_poll) >= self.poll_interval
+        now.saturating_duration_since(self.last_poll) >= self.poll_interval()
     }
 
     /// Whether a yield is due (to a scheduler that is spinning).
@@ -78,7 +76,7 @@ impl SpinPacing {
 
     /// The earliest moment either is due: how long a spin on memory alone may last.
     pub fn next_due(&self) -> Instant {
-        (self.last_poll + self.poll_interval).min(self.last_yield + self.yield_interval)
+        (self.last_poll + self.poll_interval()).min(self.last_yield + self.yield_interval)
     }
 
     /// The scheduler yielded the CPU from `start` to `end`.
@@ -104,16 +102,16 @@ impl SpinPacing {
         if moved || fd_events {
             self.fd_active = now;
         }
-        self.poll_interval = if now.saturating_duration_since(self.fd_active) < FD_QUIET {
+    }
+
+    /// The poller's current interval: short unless the fds had been quiet for [`FD_QUIET`]
+    /// at the last poll.
+    pub fn poll_interval(&self) -> Duration {
+        if self.last_poll.saturating_duration_since(self.fd_active) < FD_QUIET {
             POLL_INTERVAL
         } else {
             QUIET_POLL_INTERVAL
-        };
-    }
-
-    /// The poller's current interval.
-    pub fn poll_interval(&self) -> Duration {
-        self.poll_interval
+        }
     }
 
     /// The current interval between yields.
