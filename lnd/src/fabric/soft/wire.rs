@@ -752,6 +752,27 @@ mod tests {
         assert_eq!(b.ring_stats().refused, 1, "no such ring: refused, nothing else changes");
     }
 
+    /// `socket_frames` counts what moved through the socket and nothing else: frames through a
+    /// ring and the doorbells that wake their consumer stay out, UDP frames each way count. A
+    /// spinning scheduler slows its poller on that count (`driver::pacing`).
+    #[test]
+    fn socket_frames_count_udp_frames_but_not_ring_frames_or_doorbells() {
+        let (_, [ia, ib, ic], [mut a, mut b, mut c]) = three_ports(47, 47_000, 7);
+        let now = Instant::from_nanos(1);
+        // Through the ring, the first one after a doorbell over the socket.
+        a.send(now, ib, b"ring").unwrap();
+        assert_eq!(recv_frame(&mut b).as_deref(), Some(&b"ring"[..]));
+        assert_eq!(a.ring_stats().doorbells, 1);
+        assert_eq!((a.socket_frames(), b.socket_frames()), (Some(0), Some(0)));
+        // By UDP, both ways: one each time on each side.
+        a.send(now, ic, b"udp").unwrap();
+        assert_eq!(recv_frame(&mut c).as_deref(), Some(&b"udp"[..]));
+        c.send(now, ia, b"back").unwrap();
+        assert_eq!(recv_frame(&mut a).as_deref(), Some(&b"back"[..]));
+        assert_eq!((a.socket_frames(), c.socket_frames()), (Some(2), Some(2)));
+        assert_eq!(b.socket_frames(), Some(0));
+    }
+
     /// Unsealed frames go into the ring marked so, and come out with `sealed` false; where
     /// there is no ring (a port without the same-host path), the wire seals them and they go
     /// by UDP with a correct ICRC.
