@@ -5,8 +5,9 @@
 //! the WRITE is acknowledged). For large WRITEs that copy is most of that thread's work, while
 //! another core may have time to spare. A `Copier` is the device's copy engine: one helper
 //! thread, started on first use, that shares every copy of at least [`SPLIT_MIN`] bytes. The
-//! copy is cut into [`CHUNK`]-byte chunks, and the caller and the helper each claim the next
-//! chunk until none is left, so the work divides itself by how much time each has.
+//! copy is cut into [`CHUNK`]-byte chunks; the helper claims them one by one from the front,
+//! the caller from the back, until the two meet, so the work divides itself by how much time
+//! each has, and each thread copies the same part of every buffer copy after copy (`End`).
 //!
 //! Two contracts:
 //! * **`Copier::copy`** (the tests') is a plain synchronous copy: it returns when every byte
@@ -36,7 +37,7 @@
 //! `SoftConfig::helper_spin`, which the driver sets to `busy_poll_usec`), yielding the CPU,
 //! then parks until the next large copy unparks it.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
@@ -52,6 +53,8 @@ pub const CHUNK: usize = 64 << 10;
 /// [`SPLIT_MIN`]: a copy the helper is not looking for is then shared with it, and the unpark
 /// that posts it wakes a parked helper for the copies after it.
 pub const ASYNC_MIN: usize = SPLIT_MIN;
+/// The most chunks a shared copy may have (a claims word counts them in 32 bits).
+const MAX_CHUNKS: usize = u32::MAX as usize;
 /// While it looks, how often the helper yields the CPU.
 const YIELD_EVERY: Duration = Duration::from_micros(5);
 
@@ -146,8 +149,8 @@ struct Shared {
     state: AtomicU8,
     /// The posted job's pieces.
     job: Mutex<Vec<Seg>>,
-    /// The next chunk of the posted job to claim.
-    next: AtomicUsize,
+    /// The chunks of the posted job not yet claimed ([`Claims`]).
+    claims: AtomicU64,
     /// Whether the posted job streams (written before it is posted).
     stream: AtomicBool,
     stop: AtomicBool,
@@ -180,7 +183,7 @@ pub(crate) struct Copier {
     footprint: Footprint,
     /// Copies made with streaming stores.
     streamed: u64,
-    /// The posted or running copy: its pieces, chunks and store kind.
+    /// The posted or running copy: its pieces and store kind.
     running: Option<Running>,
     /// The pieces' vector of the last copy, kept for the next (no allocation per copy).
     spare: Vec<Seg>,
@@ -193,7 +196,6 @@ pub(crate) struct Copier {
 #[derive(Debug)]
 struct Running {
     segs: Vec<Seg>,
-    chunks: usize,
     stream: bool,
 }
 
@@ -206,7 +208,7 @@ impl Copier {
             shared: Arc::new(Shared {
                 state: AtomicU8::new(IDLE),
                 job: Mutex::new(Vec::new()),
-                next: AtomicUsize::new(0),
+                claims: AtomicU64::new(0),
                 stream: AtomicBool::new(false),
                 stop: AtomicBool::new(false),
                 helped: AtomicU64::new(0),
@@ -317,7 +319,7 @@ impl Copier {
         }
         // SAFETY: chunks of the poster's pieces, still valid (`start`'s and `copy`'s
         // promise); a chunk is claimed once, by one thread.
-        unsafe { claim_chunks(&self.shared.next, &run.segs, run.chunks, run.stream) };
+        unsafe { claim_chunks(&self.shared.claims, End::Back, &run.segs, run.stream) };
         match self.shared.state.compare_exchange(POSTED, IDLE, Ordering::AcqRel, Ordering::Acquire) {
             // Never joined: closed now, before the helper could touch any piece.
             Ok(_) => {}
@@ -339,11 +341,14 @@ impl Copier {
     unsafe fn post(&mut self, segs: &[Seg], alone: bool) -> bool {
         let total: usize = segs.iter().map(|s| s.len).fold(0, usize::saturating_add);
         let stream = self.stream(segs, total);
+        // A copy of more chunks than a claims word counts (256 TiB) is made inline.
+        let splits = total.div_ceil(CHUNK) <= MAX_CHUNKS;
         let runs = alone
+            && splits
             && total >= ASYNC_MIN
             && (self.mode == CopyHelper::Always
                 || (self.run_when_looking && self.shared.looking.load(Ordering::Acquire)));
-        let helper = if runs || total >= SPLIT_MIN { self.helper_for() } else { None };
+        let helper = if runs || (splits && total >= SPLIT_MIN) { self.helper_for() } else { None };
         let Some(helper) = helper else {
             for s in segs {
                 // SAFETY: the caller's promise, piece by piece.
@@ -356,14 +361,14 @@ impl Copier {
             job.clear();
             job.extend_from_slice(segs);
         }
-        self.shared.next.store(0, Ordering::Relaxed);
+        self.shared.claims.store(Claims::all(total.div_ceil(CHUNK)), Ordering::Relaxed);
         self.shared.stream.store(stream, Ordering::Relaxed);
         self.shared.state.store(POSTED, Ordering::Release);
         helper.unpark();
         let mut pieces = std::mem::take(&mut self.spare);
         pieces.clear();
         pieces.extend_from_slice(segs);
-        self.running = Some(Running { segs: pieces, chunks: total.div_ceil(CHUNK), stream });
+        self.running = Some(Running { segs: pieces, stream });
         runs
     }
 
@@ -412,23 +417,64 @@ fn wait_while(state: &AtomicU8, value: u8) {
     }
 }
 
-/// Claims chunks of `segs` from `next` and copies them (streaming if `stream`) until all
-/// `chunks` are claimed; returns how many this thread copied.
+/// The unclaimed chunks of a job, `front..back`, packed in one word (`front` in the low half)
+/// so that one compare-and-swap claims a chunk from either end.
+struct Claims;
+
+impl Claims {
+    /// Every chunk of a job of `chunks` chunks (at most [`MAX_CHUNKS`]) unclaimed.
+    fn all(chunks: usize) -> u64 {
+        u64::try_from(chunks.min(MAX_CHUNKS)).unwrap_or(0) << 32
+    }
+
+    /// Claims the chunk at `end` of `word`'s range, if any is left.
+    fn claim(word: &AtomicU64, end: End) -> Option<usize> {
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let (front, back) = (cur & u64::from(u32::MAX), cur >> 32);
+            if front >= back {
+                return None;
+            }
+            let (next, chunk) = match end {
+                End::Front => (cur + 1, front),
+                End::Back => (cur - (1 << 32), back - 1),
+            };
+            match word.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return usize::try_from(chunk).ok(),
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+}
+
+/// Which end of a job's chunks a thread claims from: the helper from the front, the caller
+/// from the back. Each thread then copies much the same part of every buffer, copy after
+/// copy (the helper the start, the caller the end, meeting wherever their time says), and
+/// each copies one contiguous run rather than every other chunk. Measured with
+/// `bench/copy-split.c` (8 pairs of 1 MiB in memfd memory, two threads sharing each copy, six
+/// processes): ordinary stores 34,124–45,803 MiB/s from both ends against 20,680–33,963
+/// taking chunks in turn; streaming stores 19,749–36,450 against 18,749–35,499. In brw write
+/// 1M c8 (whose copies stream), 20,400 against 18,833 MiB/s, medians of eight alternating runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Front,
+    Back,
+}
+
+/// Claims chunks of `segs` from `end` of `claims` and copies them (streaming if `stream`)
+/// until none is left; returns how many this thread copied.
 ///
 /// # Safety
 /// As for [`Copier::copy`], for as long as any thread may still claim a chunk.
-unsafe fn claim_chunks(next: &AtomicUsize, segs: &[Seg], chunks: usize, stream: bool) -> usize {
+unsafe fn claim_chunks(claims: &AtomicU64, end: End, segs: &[Seg], stream: bool) -> usize {
     let mut copied = 0;
-    loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= chunks {
-            return copied;
-        }
+    while let Some(i) = Claims::claim(claims, end) {
         let start = i.saturating_mul(CHUNK);
         // SAFETY: the caller's promise; `copy_range` stays inside the pieces.
         unsafe { copy_range(segs, start, start.saturating_add(CHUNK), stream) };
         copied += 1;
     }
+    copied
 }
 
 /// Copies bytes `start..end` of the concatenation of `segs` (clipped to its length),
@@ -469,13 +515,12 @@ fn helper(shared: &Shared, spin: Duration) {
         if shared.state.compare_exchange(POSTED, TAKEN, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             let copied = {
                 let job = shared.job.lock().unwrap_or_else(PoisonError::into_inner);
-                let total = job.iter().map(|s| s.len).fold(0, usize::saturating_add);
                 // Written before the job was posted, which the swap above acquired.
                 let stream = shared.stream.load(Ordering::Relaxed);
                 // SAFETY: the poster keeps its promise about these pieces until this job is
                 // DONE (`Copier::finish` waits for that, `Copier::is_done` looks for it);
                 // chunks are claimed once.
-                unsafe { claim_chunks(&shared.next, &job, total.div_ceil(CHUNK), stream) }
+                unsafe { claim_chunks(&shared.claims, End::Front, &job, stream) }
             };
             if copied > 0 {
                 shared.helped.fetch_add(1, Ordering::Relaxed);
@@ -702,6 +747,45 @@ mod tests {
         // Without a helper nothing runs.
         let mut off = Copier::new(CopyHelper::Off, Duration::ZERO, Streaming::Off, usize::MAX);
         assert_eq!(start(&mut off, whole(&mut dst)), Started::Done);
+    }
+
+    /// Claims from the two ends meet in the middle: every chunk once, none after they meet.
+    #[test]
+    fn claims_from_both_ends_take_every_chunk_once() {
+        let word = AtomicU64::new(Claims::all(5));
+        let order = [End::Front, End::Back, End::Back, End::Front, End::Front, End::Back, End::Front];
+        let got: Vec<Option<usize>> = order.iter().map(|&e| Claims::claim(&word, e)).collect();
+        assert_eq!(got, [Some(0), Some(4), Some(3), Some(1), Some(2), None, None]);
+        let empty = AtomicU64::new(Claims::all(0));
+        assert_eq!(Claims::claim(&empty, End::Front), None);
+        assert_eq!(Claims::claim(&empty, End::Back), None);
+    }
+
+    /// Two threads claiming at once, one from each end, over jobs of random sizes: between
+    /// them they take every chunk exactly once, the front thread a prefix and the back thread
+    /// the rest.
+    #[test]
+    fn concurrent_claims_split_each_job_into_a_prefix_and_a_suffix() {
+        let mut rng = Rng::new(0x2e4d);
+        for round in 0..200 {
+            let chunks = rng.below(300) as usize;
+            let word = AtomicU64::new(Claims::all(chunks));
+            let claim_all = |end| {
+                let mut mine = Vec::new();
+                while let Some(i) = Claims::claim(&word, end) {
+                    mine.push(i);
+                }
+                mine
+            };
+            let (front, back) = std::thread::scope(|s| {
+                let f = s.spawn(|| claim_all(End::Front));
+                let b = claim_all(End::Back);
+                (f.join().unwrap_or_default(), b)
+            });
+            let split = front.len();
+            assert!(front.iter().copied().eq(0..split), "round {round}: front {front:?}");
+            assert!(back.iter().copied().eq((split..chunks).rev()), "round {round}: back {back:?}");
+        }
     }
 
     /// Chunk boundaries inside and across pieces: every byte of a range, nothing outside.
