@@ -454,7 +454,8 @@ impl Claims {
 /// `bench/copy-split.c` (8 pairs of 1 MiB in memfd memory, two threads sharing each copy, six
 /// processes): ordinary stores 34,124–45,803 MiB/s from both ends against 20,680–33,963
 /// taking chunks in turn; streaming stores 19,749–36,450 against 18,749–35,499. In brw write
-/// 1M c8 (whose copies stream), 20,400 against 18,833 MiB/s, medians of eight alternating runs.
+/// (whose copies stream), medians of alternating runs: 1M c8 21,354 against 20,358 MiB/s
+/// (sixteen runs each), 4M c8 15,095 against 13,289 (ten).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum End {
     Front,
