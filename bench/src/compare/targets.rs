@@ -39,7 +39,7 @@ pub(super) struct Figures {
 }
 
 /// The ping target: at most this many times UCX `sm`'s round trip.
-const PING_FACTOR: f64 = 1.5;
+pub(super) const PING_FACTOR: f64 = 1.5;
 
 /// Bytes per RPC and RPCs in flight the bandwidth targets are set at.
 pub(super) const SIZE: usize = 1 << 20;
