@@ -40,9 +40,14 @@ pub(super) struct Round {
 }
 
 /// Runs `rounds` rounds: ours through a fresh server and client each round (`local`'s
-/// tunables, port, duration and brw check), UCX on ports taken from `next_port`, the copy loop
-/// for `local`'s duration.
-pub(super) fn measure(local: &LocalArgs, rounds: usize, mut next_port: impl FnMut() -> u16) -> Vec<Round> {
+/// tunables, port, duration and brw check), UCX (`with_ucx`: it is installed) on ports taken
+/// from `next_port`, the copy loop for `local`'s duration.
+pub(super) fn measure(
+    local: &LocalArgs,
+    rounds: usize,
+    with_ucx: bool,
+    mut next_port: impl FnMut() -> u16,
+) -> Vec<Round> {
     let cases = [
         Case { op: Op::BrwWrite, size: SIZE, concurrency: CONCURRENCY },
         Case { op: Op::Ping, size: 8, concurrency: 1 },
@@ -64,10 +69,12 @@ pub(super) fn measure(local: &LocalArgs, rounds: usize, mut next_port: impl FnMu
                     .map_err(|e| eprintln!("lnd-bench compare: round {n}: copy loop: {e}"))
                     .ok()
                     .map(|c| c.mib_s);
-                round.ucx_bw =
-                    super::ucx("sm,self", "ucp_put_bw", SIZE, next_port()).map(|x| (x.mib_s, x.cpu_s_per_gb));
-                round.ucx_rtt_us =
-                    super::ucx("sm,self", "ucp_am_lat", 8, next_port()).map(|x| 2.0 * x.lat_us);
+                if with_ucx {
+                    round.ucx_bw = super::ucx("sm,self", "ucp_put_bw", SIZE, next_port())
+                        .map(|x| (x.mib_s, x.cpu_s_per_gb));
+                    round.ucx_rtt_us =
+                        super::ucx("sm,self", "ucp_am_lat", 8, next_port()).map(|x| 2.0 * x.lat_us);
+                }
             };
             if round.ours_first {
                 ours(&mut round);
