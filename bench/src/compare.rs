@@ -18,9 +18,10 @@
 //! run: both processes of the pair. The last line says how much CPU time the hypervisor stole
 //! while ours ran and while the peers ran ([`cpu::HostTimes`]): on a busy host that, more than
 //! anything measured, moves the ratios between runs. Issue 8's targets are judged twice: from
-//! the table's figures ([`targets`]), and, with UCX installed, over `--rounds` paired rounds
-//! that measure the targets' figures, ours and UCX's, back to back ([`rounds`]), so drift
-//! between the table's first and last minutes does not enter their ratios.
+//! the table's figures ([`targets`]), and over `--rounds` paired rounds that measure the
+//! targets' figures, ours and the peers' (UCX's when installed, the copy loop), back to back
+//! ([`rounds`]), so drift between the table's first and last minutes does not enter their
+//! ratios.
 
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -62,9 +63,10 @@ pub struct CompareArgs {
     /// every byte on both sides.
     #[arg(long, value_enum, default_value_t = Check::None)]
     pub check: Check,
-    /// Paired rounds after the table: each measures our brw write 1M c8 and ping 8 B and UCX
-    /// `sm`'s `ucp_put_bw` 1M and `ucp_am_lat` 8 B back to back (the order alternating), and
-    /// the targets are judged again by the median of the rounds' ratios. 0: none.
+    /// Paired rounds after the table: each measures our brw write 1M c8 and ping 8 B, UCX
+    /// `sm`'s `ucp_put_bw` 1M and `ucp_am_lat` 8 B (when installed) and the copy loop at 1M
+    /// back to back (the order alternating), and the targets are judged again by the median
+    /// of the rounds' ratios. 0: none.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
 }

@@ -6,9 +6,8 @@
 //! measures the figures issue 8's targets set against each other (our brw write 1M c8 and
 //! ping 8 B; UCX `sm` `ucp_put_bw` 1M and `ucp_am_lat` 8 B; the `process_vm_writev` copy loop
 //! at 1 MiB) within seconds, ours first in odd rounds and the peers first in even ones, so a
-//! drift favours each side equally often. Each round
-//! gives one ratio per target; [`judge`] states them all and judges each target by their
-//! median, which one noisy round cannot move.
+//! drift favours each side equally often. Each round gives one ratio per target; [`judge`]
+//! states them all and judges each target by their median, which one noisy round cannot move.
 //!
 //! The contract: [`measure`] returns one [`Round`] per round asked for, a figure `None` where
 //! that measurement failed or was not possible; [`judge`] only reads figures, so it is tested
@@ -16,11 +15,10 @@
 
 use crate::local::{Case, LocalArgs, measure_matrix};
 use crate::proto::Op;
-use crate::report::Row;
 
 use super::targets::{CONCURRENCY, PING_FACTOR, SIZE};
 
-/// The four figures of one round.
+/// The figures of one round, and how it ran.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct Round {
     /// Whether ours ran first in this round.
@@ -58,8 +56,10 @@ pub(super) fn measure(
             let mut round = Round { ours_first: n % 2 == 1, ..Round::default() };
             let ours = |round: &mut Round| match measure_matrix(local, &cases) {
                 Ok((rows, _)) => {
-                    round.brw = find(&rows, Op::BrwWrite).map(|r| (r.run.mib_s(), r.cpu_s_per_gb()));
-                    round.ping_us = find(&rows, Op::Ping).map(|r| r.run.lat_us(0.5));
+                    let done = |op, size, conc| super::find(&rows, op, size, conc).filter(|r| r.run.rpcs > 0);
+                    round.brw =
+                        done(Op::BrwWrite, SIZE, CONCURRENCY).map(|r| (r.run.mib_s(), r.cpu_s_per_gb()));
+                    round.ping_us = done(Op::Ping, 8, 1).map(|r| r.run.lat_us(0.5));
                 }
                 Err(e) => eprintln!("lnd-bench compare: round {n}: ours: {e}"),
             };
@@ -87,11 +87,6 @@ pub(super) fn measure(
             round
         })
         .collect()
-}
-
-/// The row of `op` in `rows`, if it completed any RPC.
-fn find(rows: &[Row], op: Op) -> Option<&Row> {
-    rows.iter().find(|r| r.run.op == op && r.run.rpcs > 0)
 }
 
 /// The median of `values` (the mean of the middle two for an even count); `None` if empty.
@@ -147,7 +142,7 @@ pub(super) fn judge(rounds: &[Round]) -> Vec<String> {
         let ratios: Vec<f64> = rounds.iter().filter_map(ratio_of).collect();
         let listed = ratios.iter().map(|r| format!("{r:.2}x")).collect::<Vec<_>>().join(" ");
         let (sign, need) = if at_least { (">=", "at least") } else { ("<=", "at most") };
-        let judged = match median(ratios.clone()) {
+        let judged = match median(ratios) {
             None => "not judged: no round measured both figures".to_owned(),
             Some(m) => {
                 let met = if at_least { m >= bound } else { m <= bound };
