@@ -42,9 +42,9 @@ const ANSWER: &[u8; 4] = b"LBR1";
 pub const MAX_SIZE: usize = 4096;
 /// Smallest message: the 8-byte sequence stamp.
 pub const MIN_SIZE: usize = 8;
-const SLOTS: usize = 64;
-const PONG_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
-const PING_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+pub(crate) const SLOTS: usize = 64;
+pub(crate) const PONG_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+pub(crate) const PING_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 /// Looks at an idle device per turn, at most.
 const POLLS_PER_LOOK: u32 = 64;
 /// How long either side waits for the other to connect.
@@ -65,23 +65,23 @@ pub struct FloorResult {
 
 /// One end: a software device with one RC QP, its CQ, `SLOTS` receive slots and one send slot
 /// (the pinger's; the ponger echoes from the slot a message arrived in).
-struct End {
-    dev: SoftDevice,
+pub(crate) struct End {
+    pub(crate) dev: SoftDevice,
     cq: SoftCq,
-    qp: SoftQp,
-    slots: RegisteredBuf<SoftDevice>,
-    psn: u32,
-    clock: Clock,
+    pub(crate) qp: SoftQp,
+    pub(crate) slots: RegisteredBuf<SoftDevice>,
+    pub(crate) psn: u32,
+    pub(crate) clock: Clock,
     poll: Poll,
     events: Events,
     fds: Vec<RawFd>,
-    wcs: [Wc; 32],
+    pub(crate) wcs: [Wc; 32],
     /// When to ask the kernel which sockets became readable: as the LND's scheduler does.
     pacing: SpinPacing,
 }
 
 impl End {
-    fn open(ip: Ipv4Addr, port: u16, psn: u32) -> Result<End, String> {
+    pub(crate) fn open(ip: Ipv4Addr, port: u16, psn: u32) -> Result<End, String> {
         let config =
             SoftConfig { udp_port: port, name: format!("fabric-ping-{ip}"), ..SoftConfig::default() };
         let dev =
@@ -131,7 +131,7 @@ impl End {
     }
 
     /// Connects the QP to `dest`'s QP `dest_qpn` and posts every receive slot.
-    fn connect(&self, dest: Ipv4Addr, dest_qpn: u32, dest_psn: u32) -> Result<(), String> {
+    pub(crate) fn connect(&self, dest: Ipv4Addr, dest_qpn: u32, dest_psn: u32) -> Result<(), String> {
         let steps = [
             QpModify::Init { port_num: 1, pkey_index: 0, access: Access::NONE },
             QpModify::Rtr {
@@ -148,14 +148,14 @@ impl End {
         (0..SLOTS).try_for_each(|slot| self.post_recv(slot))
     }
 
-    fn post_recv(&self, slot: usize) -> Result<(), String> {
+    pub(crate) fn post_recv(&self, slot: usize) -> Result<(), String> {
         let sge = self.slots.sge(slot * MAX_SIZE, MAX_SIZE as u32);
         self.qp.post_recv(&[RecvWr { wr_id: slot as u64, sg_list: &[sge] }]).map_err(|e| e.to_string())
     }
 
     /// SENDs `len` bytes of slot `slot`, signalled (the slot is reused after its completion),
     /// as the LND posts: with the time, so the device may transmit at once.
-    fn send(&self, slot: usize, len: usize, now: Instant) -> Result<(), String> {
+    pub(crate) fn send(&self, slot: usize, len: usize, now: Instant) -> Result<(), String> {
         let sge = self.slots.sge(slot * MAX_SIZE, len as u32);
         let wr = SendWr { wr_id: slot as u64, op: SendOp::Send, sg_list: &[sge], flags: SendFlags::SIGNALED };
         self.qp.post_send_at(&[wr], now).map_err(|e| e.to_string())
@@ -171,7 +171,7 @@ impl End {
 
     /// The first half of a turn: the device's receive half, then the completions it made
     /// (into `self.wcs`; their count). The caller posts its answers, then calls [`End::finish`].
-    fn reap(&mut self) -> Result<(Instant, usize), String> {
+    pub(crate) fn reap(&mut self) -> Result<(Instant, usize), String> {
         let now = self.clock.now();
         self.dev.progress_receive(now).map_err(|e| e.to_string())?;
         Ok((now, self.cq.poll(&mut self.wcs)))
@@ -191,17 +191,24 @@ impl End {
             std::hint::spin_loop();
         }
         if self.pacing.poll_due(now) {
-            self.poll.poll(&mut self.events, Some(Duration::ZERO)).map_err(|e| e.to_string())?;
-            let mut fd_events = false;
-            for ev in self.events.iter() {
-                if let Some(&fd) = self.fds.get(ev.token().0) {
-                    self.dev.fd_readable(fd);
-                    fd_events = true;
-                }
-            }
+            let fd_events = self.poll_fds()?;
             self.pacing.polled(now, fd_events, self.dev.fd_packets());
         }
         Ok(())
+    }
+
+    /// Asks the kernel which sockets became readable (without waiting) and tells the device;
+    /// whether any had.
+    pub(crate) fn poll_fds(&mut self) -> Result<bool, String> {
+        self.poll.poll(&mut self.events, Some(Duration::ZERO)).map_err(|e| e.to_string())?;
+        let mut fd_events = false;
+        for ev in self.events.iter() {
+            if let Some(&fd) = self.fds.get(ev.token().0) {
+                self.dev.fd_readable(fd);
+                fd_events = true;
+            }
+        }
+        Ok(fd_events)
     }
 }
 
@@ -210,7 +217,7 @@ fn be32(b: &[u8], at: usize) -> u32 {
 }
 
 /// A completion that is not a success, as an error.
-fn check(wc: &Wc) -> Result<(), String> {
+pub(crate) fn check(wc: &Wc) -> Result<(), String> {
     if wc.status == WcStatus::Success {
         Ok(())
     } else {

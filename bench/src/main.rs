@@ -16,6 +16,7 @@ mod compare;
 mod copyloop;
 mod cpu;
 mod fabricping;
+mod fabricturns;
 mod linefloor;
 mod local;
 mod memlimit;
@@ -129,6 +130,20 @@ enum Cmd {
         /// Seconds to ping.
         #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
         duration: f64,
+        /// UDP port of the software fabric.
+        #[arg(long, default_value_t = 4791)]
+        port: u16,
+    },
+    /// fabric-ping's SEND ping-pong between two devices in this process, driven in turn by one
+    /// thread: the devices' own work per round trip, with no core-to-core transfer, wait or
+    /// wake-up (under valgrind --tool=callgrind: a repeatable instruction count)
+    FabricTurns {
+        /// Bytes per SEND: 8..4K (the first 8 are a sequence number the echo must carry).
+        #[arg(long, default_value = "8", value_parser = parse_fabric_ping_size)]
+        size: usize,
+        /// Round trips to measure (after 1000 not measured).
+        #[arg(long, default_value_t = 1_000_000)]
+        count: u64,
         /// UDP port of the software fabric.
         #[arg(long, default_value_t = 4791)]
         port: u16,
@@ -520,6 +535,18 @@ fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::FabricPong { ip, port } => fabricping::pong(ip, port),
+        Cmd::FabricTurns { size, count, port } => {
+            let r = fabricturns::measure(size, count, port)?;
+            println!(
+                "fabric turns {} B: {} round trips, {:.0} ns of work per round trip, {:.2} frames sent per round trip, {:.2} through rings (two software devices driven in turn by one thread: no transfer between cores, no waiting)",
+                size,
+                r.round_trips,
+                r.ns_per_round_trip,
+                r.frames_per_round_trip,
+                r.ring_frames_per_round_trip
+            );
+            Ok(())
+        }
         Cmd::LinePing { duration } => {
             let r = linefloor::measure(Duration::from_secs_f64(duration.max(0.01)))?;
             println!(
