@@ -107,6 +107,9 @@ pub struct FaultyWire {
     stats: FaultStats,
     /// The link is down: every frame is lost, both ways, whatever `config` says.
     link_down: bool,
+    /// Nothing to inject: the link is up and `config` has no fault either way (kept with
+    /// them, so that the per-frame check is one flag).
+    quiet: bool,
 }
 
 impl std::fmt::Debug for FaultyWire {
@@ -135,28 +138,31 @@ impl FaultyWire {
             rx_held: BTreeMap::new(),
             stats: FaultStats::default(),
             link_down: false,
+            quiet: config.tx.is_none() && config.rx.is_none(),
         }
+    }
+
+    fn update_quiet(&mut self) {
+        self.quiet = !self.link_down && self.config.tx.is_none() && self.config.rx.is_none();
     }
 
     /// Nothing to inject and nothing held: a frame passes unchanged (the common case, which
     /// every frame would otherwise pay the holding queues and the fate draw for).
     fn passes_straight(&self) -> bool {
-        !self.link_down
-            && self.config.tx.is_none()
-            && self.config.rx.is_none()
-            && self.tx_held.is_empty()
-            && self.rx_held.is_empty()
+        self.quiet && self.tx_held.is_empty() && self.rx_held.is_empty()
     }
 
     /// Changes the fault probabilities (frames already held stay held).
     pub fn set_config(&mut self, config: FaultConfig) {
         self.config = config;
+        self.update_quiet();
     }
 
     /// Takes the link down (every frame sent or received from now on is lost, frames held
     /// for a delay too) or brings it up again.
     pub fn set_link_down(&mut self, down: bool) {
         self.link_down = down;
+        self.update_quiet();
     }
 
     /// The current configuration.

@@ -537,6 +537,29 @@ impl DevState {
     /// Moves completions and events out of a QP, re-arms its timer, and queues it to transmit
     /// if it has something to send (`now`; `None`: whatever its state).
     fn after_qp(&mut self, qpn: u32, now: Option<Instant>) {
+        let Some(e) = self.qps.get_mut(&qpn) else { return };
+        if e.rc.has_output() {
+            self.move_output(qpn);
+        }
+        let Some(e) = self.qps.get_mut(&qpn) else { return };
+        // A QP's live heap entry is the earliest it armed: a deadline that moved later (the
+        // next SEND's retransmission timer after an ACK) keeps that entry, which arms the
+        // real deadline when it comes up. A push per change would leave one cancelled entry
+        // per message for a whole retransmission timeout (tens of thousands of them at a
+        // ping's rate, each push and pop a walk through a heap that big).
+        if let Some(t) = e.rc.deadline().filter(|&t| e.timer.is_none_or(|armed| t < armed)) {
+            e.timer = Some(t);
+            self.timers.push(Reverse((t, qpn)));
+        }
+        // Ready to transmit: queued once.
+        if now.is_none_or(|n| e.rc.wants_transmit(n)) && !e.in_ready {
+            e.in_ready = true;
+            self.ready.push_back(qpn);
+        }
+    }
+
+    /// Moves the completions of QP `qpn` to its CQs and its async events to the device's.
+    fn move_output(&mut self, qpn: u32) {
         let mut completions = std::mem::take(&mut self.scratch);
         let mut events = std::mem::take(&mut self.scratch_events);
         let mut overrun = Vec::new();
@@ -559,20 +582,6 @@ impl DevState {
                     Err(_) if !overrun.contains(&cq.id) => overrun.push(cq.id),
                     Err(_) => {}
                 }
-            }
-            // A QP's live heap entry is the earliest it armed: a deadline that moved later (the
-            // next SEND's retransmission timer after an ACK) keeps that entry, which arms the
-            // real deadline when it comes up. A push per change would leave one cancelled entry
-            // per message for a whole retransmission timeout (tens of thousands of them at a
-            // ping's rate, each push and pop a walk through a heap that big).
-            if let Some(t) = e.rc.deadline().filter(|&t| e.timer.is_none_or(|armed| t < armed)) {
-                e.timer = Some(t);
-                self.timers.push(Reverse((t, qpn)));
-            }
-            // Ready to transmit: queued once.
-            if now.is_none_or(|n| e.rc.wants_transmit(n)) && !e.in_ready {
-                e.in_ready = true;
-                self.ready.push_back(qpn);
             }
         }
         for ev in events.drain(..) {
@@ -738,12 +747,26 @@ impl DevState {
     /// Sends frames from ready QPs; returns false if the wire pushed back. `hold`: only from
     /// QPs whose responses must leave now ([`rc::RcQp::must_respond_now`]); the others stay
     /// ready for the next call.
+    #[inline]
     fn transmit(&mut self, now: Instant, local: Ipv4Addr, udp_port: u16, hold: bool) -> std::io::Result<()> {
         // Most calls find nothing ready (every `progress` makes two); the batch is empty
-        // between calls, so there is nothing to flush either.
+        // between calls, so there is nothing to flush either. Answered here, without the
+        // setting up of the loop below.
         if self.ready.is_empty() {
             return Ok(());
         }
+        self.transmit_ready(now, local, udp_port, hold)
+    }
+
+    /// [`DevState::transmit`] with a QP ready.
+    #[inline(never)]
+    fn transmit_ready(
+        &mut self,
+        now: Instant,
+        local: Ipv4Addr,
+        udp_port: u16,
+        hold: bool,
+    ) -> std::io::Result<()> {
         let mut budget = TX_BATCH;
         let mut batch = std::mem::replace(&mut self.batch, TxBatch::placeholder());
         batch.clear();

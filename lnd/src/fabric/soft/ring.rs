@@ -112,8 +112,12 @@ struct Mapping {
 unsafe impl Send for Mapping {}
 
 impl Mapping {
-    /// Maps `file` (already `HEADER + cap` bytes long) shared, read-write.
+    /// Maps `file` (already `HEADER + cap` bytes long) shared, read-write; `cap` is a power
+    /// of two.
     fn map(file: &fs::File, cap: usize) -> io::Result<Mapping> {
+        if !cap.is_power_of_two() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "ring capacity not a power of two"));
+        }
         let len = HEADER + cap;
         // SAFETY: a fresh shared mapping of `len` bytes of an open file descriptor; the kernel
         // picks the address; the result is checked for MAP_FAILED.
@@ -131,6 +135,12 @@ impl Mapping {
             return Err(io::Error::last_os_error());
         }
         Ok(Mapping { base: base.cast(), len, cap })
+    }
+
+    /// Where ring position `pos` (a byte count, modulo 2^64) lies in the data area.
+    fn offset(&self, pos: u64) -> usize {
+        // `cap` is a power of two (`Mapping::map`): the remainder is the low bits.
+        (pos & (self.cap as u64 - 1)) as usize
     }
 
     fn u64_at(&self, off: usize) -> &AtomicU64 {
@@ -282,7 +292,7 @@ impl RingTx {
             return Pushed::Full;
         }
         let tail = self.map.u64_at(OFF_TAIL).load(Ordering::Relaxed);
-        let at = (tail % cap as u64) as usize;
+        let at = self.map.offset(tail);
         let rec = REC_HDR + round16(frame.len());
         let skip = if at + rec > cap { cap - at } else { 0 };
         let free = |head: u64| {
@@ -404,7 +414,7 @@ impl RingRx {
         // A wrap marker, then the record at the start: two looks at most.
         for _ in 0..2 {
             let head = self.map.u64_at(OFF_HEAD).load(Ordering::Relaxed);
-            let at = (head % cap as u64) as usize;
+            let at = self.map.offset(head);
             let Some(st) = self.map.stamp_at(at) else { return Err(RingError::Corrupt) };
             if st.load(Ordering::Acquire) != stamp(head) {
                 return Ok(None);
@@ -437,11 +447,11 @@ impl RingRx {
     /// now, while the caller gets ready to [`RingRx::pop`] it.
     pub(crate) fn is_empty(&self) -> bool {
         let head = self.map.u64_at(OFF_HEAD).load(Ordering::Relaxed);
-        let at = (head % self.map.cap as u64) as usize;
+        let at = self.map.offset(head);
         // A head no record can start at is not empty: `pop` refuses the ring.
         let empty = self.map.stamp_at(at).is_some_and(|st| st.load(Ordering::Acquire) != stamp(head));
         if !empty {
-            self.map.prefetch((head % self.map.cap as u64) as usize, PREFETCH);
+            self.map.prefetch(self.map.offset(head), PREFETCH);
         }
         empty
     }

@@ -369,12 +369,13 @@ impl UdpWire {
     /// The next frame from a ring (round robin over them).
     fn recv_ring(&mut self, buf: &mut [u8]) -> Option<Received> {
         let n = self.rings_rx.len();
-        for k in 0..n {
-            let i = (self.rx_next + k) % n;
+        let mut i = if self.rx_next < n { self.rx_next } else { 0 };
+        for _ in 0..n {
             let (src, src_port, ring) = self.rings_rx.get_mut(i)?;
+            let next = if i + 1 == n { 0 } else { i + 1 };
             match ring.pop(buf) {
                 Ok(Some(p)) => {
-                    self.rx_next = (i + 1) % n;
+                    self.rx_next = next;
                     self.ring_stats.received += 1;
                     if !p.sealed {
                         self.ring_stats.unsealed_received += 1;
@@ -389,6 +390,7 @@ impl UdpWire {
                     return self.recv_ring(buf);
                 }
             }
+            i = next;
         }
         None
     }

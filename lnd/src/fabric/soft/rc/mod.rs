@@ -592,6 +592,11 @@ impl RcQp {
         out.append(&mut self.completions);
     }
 
+    /// Whether completions or async events wait to be taken.
+    pub(crate) fn has_output(&self) -> bool {
+        !self.completions.is_empty() || !self.events.is_empty()
+    }
+
     /// Takes the async events produced so far.
     pub(crate) fn take_events(&mut self, out: &mut Vec<AsyncEvent>) {
         out.append(&mut self.events);
