@@ -439,6 +439,29 @@ fn fabric_ping_echoes_verified_sends_and_reports_its_round_trip() {
     );
 }
 
+/// Both devices in one process, driven in turn: every echo is verified, each ACK rides on the
+/// next SEND (one frame per round trip from the pinger), and once the rings are open every
+/// frame goes through them.
+#[test]
+fn fabric_turns_echoes_verified_sends_through_the_rings() {
+    for size in ["8", "4K"] {
+        let port = unique_port(6).to_string();
+        let o = spawn(BIN, &["fabric-turns", "--size", size, "--count", "2000", "--port", &port])
+            .wait(Duration::from_secs(120));
+        assert_eq!(o.code, Some(0), "{o:?}");
+        let line =
+            o.stdout.lines().find(|l| l.starts_with("fabric turns ")).unwrap_or_else(|| panic!("{o:?}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[4], "2000", "{line}");
+        let ns: f64 = words[7].parse().unwrap_or_else(|_| panic!("{line}"));
+        assert!(ns > 0.0, "{line}");
+        assert!(line.contains(", 1.00 frames sent per round trip, 2.00 through rings"), "{line}");
+    }
+    let o = spawn(BIN, &["fabric-turns", "--count", "0"]).wait(Duration::from_secs(20));
+    assert_eq!(o.code, Some(2), "{o:?}");
+    assert!(o.stderr.contains("'--count <COUNT>': must be at least 1"), "{o:?}");
+}
+
 #[test]
 fn line_ping_reports_the_cache_line_floor() {
     let o = spawn(BIN, &["line-ping", "--duration", "0.2"]).wait(Duration::from_secs(60));

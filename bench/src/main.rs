@@ -142,7 +142,7 @@ enum Cmd {
         #[arg(long, default_value = "8", value_parser = parse_fabric_ping_size)]
         size: usize,
         /// Round trips to measure (after 1000 not measured).
-        #[arg(long, default_value_t = 1_000_000)]
+        #[arg(long, default_value_t = 1_000_000, value_parser = parse_count)]
         count: u64,
         /// UDP port of the software fabric.
         #[arg(long, default_value_t = 4791)]
@@ -253,12 +253,13 @@ fn parse_fabric_ping_size(s: &str) -> Result<usize, String> {
 /// The largest brw `--size`.
 const BRW_MAX_SIZE: usize = 16 << 20;
 
-/// `--count`: RPCs to run, at least one (none would measure nothing and fail the run).
+/// `--count`: RPCs (or round trips) to run, at least one (none would measure nothing and fail
+/// the run).
 fn parse_count(s: &str) -> Result<u64, String> {
     match s.trim().parse::<u64>() {
         Ok(0) => Err("must be at least 1".to_owned()),
         Ok(n) => Ok(n),
-        Err(_) => Err(format!("'{s}' is not a number of RPCs")),
+        Err(_) => Err(format!("'{s}' is not a whole number")),
     }
 }
 
@@ -624,8 +625,8 @@ mod tests {
     fn no_command_says_so_and_lists_the_commands() {
         assert_eq!(
             refused(&[]),
-            "no command given: one of server, brw, ping, local, compare, fabric-ping, line-ping \
-             (see lnd-bench --help)"
+            "no command given: one of server, brw, ping, local, compare, fabric-ping, fabric-turns, \
+             line-ping (see lnd-bench --help)"
         );
     }
 
