@@ -142,6 +142,71 @@ impl FaultyWire {
         }
     }
 
+    /// [`Wire::recv`] with faults to inject or frames held: the pass-through case stays a
+    /// small function of its own.
+    #[inline(never)]
+    fn recv_with_faults(&mut self, now: Instant, buf: &mut [u8]) -> io::Result<Option<Received>> {
+        self.release_tx(now)?;
+        loop {
+            if let Some(entry) = self.rx_held.first_entry() {
+                if entry.key().0 <= now {
+                    let (mut meta, bytes) = entry.remove();
+                    if self.link_down {
+                        self.stats.link_down += 1;
+                        continue;
+                    }
+                    let n = bytes.len().min(buf.len());
+                    if let (Some(d), Some(s)) = (buf.get_mut(..n), bytes.get(..n)) {
+                        d.copy_from_slice(s);
+                    }
+                    meta.len = n;
+                    return Ok(Some(meta));
+                }
+            }
+            let Some(mut meta) = self.inner.recv(now, buf)? else {
+                return Ok(None);
+            };
+            if !meta.sealed {
+                // An unsealed frame from a ring (its sender saw no faults) meets this side's:
+                // seal it as its link would have, so that a corruption below is caught.
+                let m = IcrcMeta::new(meta.src, self.inner.local_ip(), meta.src_port, self.inner.udp_port());
+                let _ = buf.get_mut(..meta.len).map(|f| packet::seal(&m, f));
+                meta.sealed = true;
+            }
+            if meta.seg > 0 && (self.link_down || !self.config.rx.is_none()) {
+                // Faults apply frame by frame: keep the coalesced followers in arrival order.
+                let seg = meta.seg;
+                let followers: Vec<Vec<u8>> =
+                    buf.get(seg..meta.len).unwrap_or_default().chunks(seg).map(<[u8]>::to_vec).collect();
+                for f in followers {
+                    let seq = self.next_seq();
+                    let single = Received::single(meta.src, meta.src_port, f.len());
+                    self.rx_held.insert((now, seq), (single, f));
+                }
+                meta = Received::single(meta.src, meta.src_port, seg);
+            }
+            match self.fate(self.config.rx) {
+                Fate::Drop => continue,
+                Fate::Deliver { copies: 1, hold: None, corrupt: false } => return Ok(Some(meta)),
+                Fate::Deliver { copies, hold, corrupt } => {
+                    let frame = buf.get_mut(..meta.len).unwrap_or_default();
+                    if corrupt {
+                        self.flip_bit(frame);
+                    }
+                    let bytes = buf.get(..meta.len).unwrap_or_default().to_vec();
+                    let held = usize::from(copies) - usize::from(hold.is_none());
+                    for _ in 0..held {
+                        let seq = self.next_seq();
+                        self.rx_held.insert((now + hold.unwrap_or_default(), seq), (meta, bytes.clone()));
+                    }
+                    if hold.is_none() {
+                        return Ok(Some(meta));
+                    }
+                }
+            }
+        }
+    }
+
     fn update_quiet(&mut self) {
         self.quiet = !self.link_down && self.config.tx.is_none() && self.config.rx.is_none();
     }
@@ -339,65 +404,7 @@ impl Wire for FaultyWire {
         if self.passes_straight() {
             return self.inner.recv(now, buf);
         }
-        self.release_tx(now)?;
-        loop {
-            if let Some(entry) = self.rx_held.first_entry() {
-                if entry.key().0 <= now {
-                    let (mut meta, bytes) = entry.remove();
-                    if self.link_down {
-                        self.stats.link_down += 1;
-                        continue;
-                    }
-                    let n = bytes.len().min(buf.len());
-                    if let (Some(d), Some(s)) = (buf.get_mut(..n), bytes.get(..n)) {
-                        d.copy_from_slice(s);
-                    }
-                    meta.len = n;
-                    return Ok(Some(meta));
-                }
-            }
-            let Some(mut meta) = self.inner.recv(now, buf)? else {
-                return Ok(None);
-            };
-            if !meta.sealed {
-                // An unsealed frame from a ring (its sender saw no faults) meets this side's:
-                // seal it as its link would have, so that a corruption below is caught.
-                let m = IcrcMeta::new(meta.src, self.inner.local_ip(), meta.src_port, self.inner.udp_port());
-                let _ = buf.get_mut(..meta.len).map(|f| packet::seal(&m, f));
-                meta.sealed = true;
-            }
-            if meta.seg > 0 && (self.link_down || !self.config.rx.is_none()) {
-                // Faults apply frame by frame: keep the coalesced followers in arrival order.
-                let seg = meta.seg;
-                let followers: Vec<Vec<u8>> =
-                    buf.get(seg..meta.len).unwrap_or_default().chunks(seg).map(<[u8]>::to_vec).collect();
-                for f in followers {
-                    let seq = self.next_seq();
-                    let single = Received::single(meta.src, meta.src_port, f.len());
-                    self.rx_held.insert((now, seq), (single, f));
-                }
-                meta = Received::single(meta.src, meta.src_port, seg);
-            }
-            match self.fate(self.config.rx) {
-                Fate::Drop => continue,
-                Fate::Deliver { copies: 1, hold: None, corrupt: false } => return Ok(Some(meta)),
-                Fate::Deliver { copies, hold, corrupt } => {
-                    let frame = buf.get_mut(..meta.len).unwrap_or_default();
-                    if corrupt {
-                        self.flip_bit(frame);
-                    }
-                    let bytes = buf.get(..meta.len).unwrap_or_default().to_vec();
-                    let held = usize::from(copies) - usize::from(hold.is_none());
-                    for _ in 0..held {
-                        let seq = self.next_seq();
-                        self.rx_held.insert((now + hold.unwrap_or_default(), seq), (meta, bytes.clone()));
-                    }
-                    if hold.is_none() {
-                        return Ok(Some(meta));
-                    }
-                }
-            }
-        }
+        self.recv_with_faults(now, buf)
     }
 
     fn raw_fd(&self) -> Option<RawFd> {

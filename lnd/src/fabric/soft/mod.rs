@@ -755,6 +755,11 @@ impl DevState {
         if self.ready.is_empty() {
             return Ok(());
         }
+        // Holding, and every ready QP has only positive ACKs to send (the engine's poll, with
+        // the reply still to come): they all stay ready, in their order, and nothing leaves.
+        if hold && !self.ready.iter().any(|q| self.qps.get(q).is_none_or(|e| e.rc.must_respond_now())) {
+            return Ok(());
+        }
         self.transmit_ready(now, local, udp_port, hold)
     }
 

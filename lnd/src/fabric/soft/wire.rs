@@ -366,6 +366,46 @@ impl UdpWire {
         }
     }
 
+    /// [`Wire::recv`] from the socket (the rings had nothing and the socket is not known to be
+    /// drained): a datagram, or a doorbell, after which the rings are looked at again.
+    #[inline(never)]
+    fn recv_socket(&mut self, buf: &mut [u8]) -> io::Result<Option<Received>> {
+        loop {
+            let r = if self.gro {
+                self.recv_gro(buf)
+            } else {
+                match self.socket.recv_from(buf) {
+                    Ok((len, SocketAddr::V4(src))) => Ok(Received::single(*src.ip(), src.port(), len)),
+                    Ok((_, SocketAddr::V6(_))) => continue,
+                    Err(e) => Err(e),
+                }
+            };
+            return match r {
+                Ok(r) => {
+                    let doorbell = (r.len == ring::DOORBELL_LEN && r.seg == 0)
+                        .then(|| buf.get(..r.len).and_then(ring::parse_doorbell))
+                        .flatten();
+                    if let Some(nonce) = doorbell {
+                        self.on_doorbell(r.src, r.src_port, nonce);
+                        if let Some(f) = self.recv_ring(buf) {
+                            return Ok(Some(f));
+                        }
+                        continue;
+                    }
+                    self.socket_frames += 1;
+                    Ok(Some(r))
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.drained = self.edge_driven;
+                    Ok(None)
+                }
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
+        }
+    }
+
     /// The next frame from a ring (round robin over them).
     fn recv_ring(&mut self, buf: &mut [u8]) -> Option<Received> {
         let n = self.rings_rx.len();
@@ -565,40 +605,7 @@ impl Wire for UdpWire {
         if self.drained {
             return Ok(None);
         }
-        loop {
-            let r = if self.gro {
-                self.recv_gro(buf)
-            } else {
-                match self.socket.recv_from(buf) {
-                    Ok((len, SocketAddr::V4(src))) => Ok(Received::single(*src.ip(), src.port(), len)),
-                    Ok((_, SocketAddr::V6(_))) => continue,
-                    Err(e) => Err(e),
-                }
-            };
-            return match r {
-                Ok(r) => {
-                    let doorbell = (r.len == ring::DOORBELL_LEN && r.seg == 0)
-                        .then(|| buf.get(..r.len).and_then(ring::parse_doorbell))
-                        .flatten();
-                    if let Some(nonce) = doorbell {
-                        self.on_doorbell(r.src, r.src_port, nonce);
-                        if let Some(f) = self.recv_ring(buf) {
-                            return Ok(Some(f));
-                        }
-                        continue;
-                    }
-                    self.socket_frames += 1;
-                    Ok(Some(r))
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.drained = self.edge_driven;
-                    Ok(None)
-                }
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => continue,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => Err(e),
-            };
-        }
+        self.recv_socket(buf)
     }
 
     fn readable(&mut self) {
