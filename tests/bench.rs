@@ -416,20 +416,38 @@ fn an_unreachable_peer_fails_in_bounded_time() {
     assert!(o.stderr.trim().lines().last().unwrap_or_default().starts_with("lnd-bench: "), "{o:?}");
 }
 
+/// The line a fabric command printed that starts with `prefix`, split into words; it exited 0.
+fn fabric_words(o: &lnd_tests::Outcome, prefix: &str) -> Vec<String> {
+    assert_eq!(o.code, Some(0), "{o:?}");
+    let line = o.stdout.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("{o:?}"));
+    line.split_whitespace().map(str::to_owned).collect()
+}
+
+/// `fabric-ping` (two processes) and `fabric-turns` (both devices in one process, driven in
+/// turn) on the same port, one after the other (the port is this test's): every echo is
+/// verified; in the turns each ACK rides on the next SEND (one frame per round trip from the
+/// pinger), and once the rings are open every frame goes through them.
 #[test]
-fn fabric_ping_echoes_verified_sends_and_reports_its_round_trip() {
+fn fabric_ping_and_fabric_turns_echo_verified_sends() {
     for size in ["8", "4K"] {
         let port = unique_port(6).to_string();
         let o = spawn(BIN, &["fabric-ping", "--size", size, "--duration", "0.2", "--port", &port])
             .wait(Duration::from_secs(120));
-        assert_eq!(o.code, Some(0), "{o:?}");
-        let line =
-            o.stdout.lines().find(|l| l.starts_with("fabric ping ")).unwrap_or_else(|| panic!("{o:?}"));
-        let words: Vec<&str> = line.split_whitespace().collect();
+        let words = fabric_words(&o, "fabric ping ");
+        let line = words.join(" ");
         let trips: u64 = words[4].parse().unwrap_or_else(|_| panic!("{line}"));
         let p50: f64 = words[8].parse().unwrap_or_else(|_| panic!("{line}"));
         assert!(trips > 0 && p50 > 0.0, "{line}");
         assert!(line.contains(if size == "8" { "ping 8 B:" } else { "ping 4096 B:" }), "{line}");
+
+        let o = spawn(BIN, &["fabric-turns", "--size", size, "--count", "2000", "--port", &port])
+            .wait(Duration::from_secs(120));
+        let words = fabric_words(&o, "fabric turns ");
+        let line = words.join(" ");
+        assert_eq!(words[4], "2000", "{line}");
+        let ns: f64 = words[7].parse().unwrap_or_else(|_| panic!("{line}"));
+        assert!(ns > 0.0, "{line}");
+        assert!(line.contains(", 1.00 frames sent per round trip, 2.00 through rings"), "{line}");
     }
     let o = spawn(BIN, &["fabric-ping", "--size", "4"]).wait(Duration::from_secs(20));
     assert_eq!(o.code, Some(2), "{o:?}");
@@ -437,26 +455,6 @@ fn fabric_ping_echoes_verified_sends_and_reports_its_round_trip() {
         o.stderr.starts_with("lnd-bench: invalid value '4' for '--size <SIZE>': must be 8 to 4K"),
         "{o:?}"
     );
-}
-
-/// Both devices in one process, driven in turn: every echo is verified, each ACK rides on the
-/// next SEND (one frame per round trip from the pinger), and once the rings are open every
-/// frame goes through them.
-#[test]
-fn fabric_turns_echoes_verified_sends_through_the_rings() {
-    for size in ["8", "4K"] {
-        let port = unique_port(6).to_string();
-        let o = spawn(BIN, &["fabric-turns", "--size", size, "--count", "2000", "--port", &port])
-            .wait(Duration::from_secs(120));
-        assert_eq!(o.code, Some(0), "{o:?}");
-        let line =
-            o.stdout.lines().find(|l| l.starts_with("fabric turns ")).unwrap_or_else(|| panic!("{o:?}"));
-        let words: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(words[4], "2000", "{line}");
-        let ns: f64 = words[7].parse().unwrap_or_else(|_| panic!("{line}"));
-        assert!(ns > 0.0, "{line}");
-        assert!(line.contains(", 1.00 frames sent per round trip, 2.00 through rings"), "{line}");
-    }
     let o = spawn(BIN, &["fabric-turns", "--count", "0"]).wait(Duration::from_secs(20));
     assert_eq!(o.code, Some(2), "{o:?}");
     assert!(o.stderr.contains("'--count <COUNT>': must be at least 1"), "{o:?}");

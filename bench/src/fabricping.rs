@@ -210,6 +210,58 @@ impl End {
         }
         Ok(fd_events)
     }
+
+    /// The ponger's part of a turn: echoes each SEND among the first `n` completions from the
+    /// slot it arrived in, and reposts a slot once its echo completed.
+    #[inline]
+    pub(crate) fn echo(&mut self, n: usize, now: Instant) -> Result<(), String> {
+        for i in 0..n {
+            let wc = self.wcs[i];
+            check(&wc)?;
+            let slot = wc.wr_id as usize;
+            match wc.opcode {
+                WcOpcode::Recv => self.send(slot, wc.byte_len as usize, now)?,
+                _ => self.post_recv(slot)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Stamps `stamp` with `seq` and SENDs it from the send slot (after the receive slots),
+    /// which the caller rewrites only once the previous SEND from it completed.
+    #[inline]
+    pub(crate) fn send_stamped(&self, stamp: &mut [u8], seq: u64, now: Instant) -> Result<(), String> {
+        stamp[..8].copy_from_slice(&seq.to_le_bytes());
+        self.slots.buf().write(SLOTS * MAX_SIZE, stamp).map_err(|e| e.to_string())?;
+        self.send(SLOTS, stamp.len(), now)
+    }
+
+    /// Checks that the receive `wc` is the echo of ping `seq` of `size` bytes.
+    #[inline]
+    pub(crate) fn check_echo(&self, wc: &Wc, size: usize, seq: u64) -> Result<(), String> {
+        let mut echo = [0u8; 8];
+        self.slots.buf().read(wc.wr_id as usize * MAX_SIZE, &mut echo).map_err(|e| e.to_string())?;
+        let stamped = u64::from_le_bytes(echo);
+        if wc.byte_len as usize != size || stamped != seq {
+            return Err(format!(
+                "echo {seq} of {size} bytes came back as {} bytes stamped {stamped}",
+                wc.byte_len
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The arguments both fabric pings share: `size` within [`MIN_SIZE`]..=[`MAX_SIZE`], and a
+/// port other than 0 (both ends must bind the same, known one).
+pub(crate) fn check_args(what: &str, size: usize, port: u16) -> Result<(), String> {
+    if !(MIN_SIZE..=MAX_SIZE).contains(&size) {
+        return Err(format!("size {size}: the {what} sends {MIN_SIZE} to {MAX_SIZE} bytes"));
+    }
+    if port == 0 {
+        return Err("port 0: both ends need the same, known UDP port".to_owned());
+    }
+    Ok(())
 }
 
 fn be32(b: &[u8], at: usize) -> u32 {
@@ -240,18 +292,7 @@ pub fn pong(ip: Ipv4Addr, port: u16) -> Result<(), String> {
     let mut connected = false;
     while !stop.load(Ordering::Relaxed) {
         let (now, n) = end.reap()?;
-        for i in 0..n {
-            let wc = end.wcs[i];
-            check(&wc)?;
-            let slot = wc.wr_id as usize;
-            match wc.opcode {
-                // Echo from the slot it arrived in; the slot is reposted when the echo is sent.
-                WcOpcode::Recv => {
-                    end.send(slot, wc.byte_len as usize, now)?;
-                }
-                _ => end.post_recv(slot)?,
-            }
-        }
+        end.echo(n, now)?;
         while let Some((from, mad)) = end.dev.recv_mad() {
             let Some(src) = from.gid.to_ipv4().filter(|_| &mad[..4] == HELLO) else { continue };
             if !connected {
@@ -268,12 +309,7 @@ pub fn pong(ip: Ipv4Addr, port: u16) -> Result<(), String> {
 
 /// Pings a `fabric-pong` child on `port` with `size`-byte SENDs for `duration`.
 pub fn measure(size: usize, duration: Duration, port: u16) -> Result<FloorResult, String> {
-    if !(MIN_SIZE..=MAX_SIZE).contains(&size) {
-        return Err(format!("size {size}: the fabric ping sends {MIN_SIZE} to {MAX_SIZE} bytes"));
-    }
-    if port == 0 {
-        return Err("port 0: both ends need the same, known UDP port".to_owned());
-    }
+    check_args("fabric ping", size, port)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find my own executable: {e}"))?;
     let mut child = Command::new(exe)
         .args(["fabric-pong", "--ip", &PONG_IP.to_string(), "--port", &port.to_string()])
@@ -311,8 +347,6 @@ fn ping(size: usize, duration: Duration, port: u16) -> Result<FloorResult, Strin
         }
         end.finish(now)?;
     }
-    // The send slot; its next stamp is written only after the SEND's completion.
-    const TX: usize = SLOTS;
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
     let (mut seq, mut sent_at) = (0u64, end.clock.now());
     let (mut answered, mut tx_done) = (true, true);
@@ -328,18 +362,7 @@ fn ping(size: usize, duration: Duration, port: u16) -> Result<FloorResult, Strin
             check(&wc)?;
             match wc.opcode {
                 WcOpcode::Recv => {
-                    let slot = wc.wr_id as usize;
-                    let mut echo = [0u8; 8];
-                    end.slots.buf().read(slot * MAX_SIZE, &mut echo).map_err(|e| e.to_string())?;
-                    if wc.byte_len as usize != size || u64::from_le_bytes(echo) != seq {
-                        return Err(format!(
-                            "echo {} of {} bytes came back as {} bytes stamped {}",
-                            seq,
-                            size,
-                            wc.byte_len,
-                            u64::from_le_bytes(echo)
-                        ));
-                    }
+                    end.check_echo(&wc, size, seq)?;
                     answered = true;
                     if seq == warmup {
                         frames_before = Some(end.dev.stats().tx_packets);
@@ -349,7 +372,7 @@ fn ping(size: usize, duration: Duration, port: u16) -> Result<FloorResult, Strin
                         latency.saturating_record(u64::try_from(ns).unwrap_or(u64::MAX).max(1));
                         pings += 1;
                     }
-                    end.post_recv(slot)?;
+                    end.post_recv(wc.wr_id as usize)?;
                 }
                 _ => tx_done = true,
             }
@@ -359,10 +382,8 @@ fn ping(size: usize, duration: Duration, port: u16) -> Result<FloorResult, Strin
                 break;
             }
             seq += 1;
-            stamp[..8].copy_from_slice(&seq.to_le_bytes());
-            end.slots.buf().write(TX * MAX_SIZE, &stamp).map_err(|e| e.to_string())?;
             sent_at = end.clock.now();
-            end.send(TX, size, sent_at)?;
+            end.send_stamped(&mut stamp, seq, sent_at)?;
             (answered, tx_done) = (false, false);
         } else if now.saturating_duration_since(sent_at) > SETUP_TIMEOUT {
             return Err(format!("ping {seq} was not answered within {SETUP_TIMEOUT:?}"));

@@ -17,15 +17,13 @@
 
 use lnd::fabric::{Device, QueuePair, WcOpcode};
 
-use crate::fabricping::{self, End, MAX_SIZE, MIN_SIZE, PING_IP, PONG_IP, SLOTS};
+use crate::fabricping::{self, End, PING_IP, PONG_IP};
 
 /// Round trips before the measured ones, with the sockets polled on every turn: the first
 /// frames go by UDP and the rings open on their doorbells.
 const WARM_UP: u64 = 1000;
 /// Turns of both devices a round trip may take before it counts as lost (each takes one).
 const MAX_TURNS: u32 = 10_000;
-/// The pinger's send slot (after its receive slots).
-const TX: usize = SLOTS;
 
 /// What a run measured.
 #[derive(Clone, Copy, Debug)]
@@ -55,12 +53,7 @@ struct Pair {
 
 /// Runs `count` measured round trips of `size`-byte SENDs on UDP port `port`.
 pub fn measure(size: usize, count: u64, port: u16) -> Result<TurnsResult, String> {
-    if !(MIN_SIZE..=MAX_SIZE).contains(&size) {
-        return Err(format!("size {size}: the fabric turns send {MIN_SIZE} to {MAX_SIZE} bytes"));
-    }
-    if port == 0 {
-        return Err("port 0: both devices need the same, known UDP port".to_owned());
-    }
+    fabricping::check_args("fabric turns", size, port)?;
     if count == 0 {
         return Err("count 0: nothing to measure".to_owned());
     }
@@ -119,9 +112,7 @@ impl Pair {
     /// completed.
     fn post_ping(&mut self, now: lnd::time::Instant) -> Result<(), String> {
         self.seq += 1;
-        self.stamp[..8].copy_from_slice(&self.seq.to_le_bytes());
-        self.ping.slots.buf().write(TX * MAX_SIZE, &self.stamp).map_err(|e| e.to_string())?;
-        self.ping.send(TX, self.stamp.len(), now)
+        self.ping.send_stamped(&mut self.stamp, self.seq, now)
     }
 
     /// The ponger's turn: echo every SEND from the slot it arrived in (reposted once the echo
@@ -129,15 +120,7 @@ impl Pair {
     fn pong_turn(&mut self) -> Result<(), String> {
         let end = &mut self.pong;
         let (now, n) = end.reap()?;
-        for i in 0..n {
-            let wc = end.wcs[i];
-            fabricping::check(&wc)?;
-            let slot = wc.wr_id as usize;
-            match wc.opcode {
-                WcOpcode::Recv => end.send(slot, wc.byte_len as usize, now)?,
-                _ => end.post_recv(slot)?,
-            }
-        }
+        end.echo(n, now)?;
         end.dev.progress(now).map_err(|e| e.to_string())
     }
 
@@ -153,20 +136,9 @@ impl Pair {
                 self.sent = true;
                 continue;
             }
-            let slot = wc.wr_id as usize;
-            let mut echo = [0u8; 8];
-            self.ping.slots.buf().read(slot * MAX_SIZE, &mut echo).map_err(|e| e.to_string())?;
-            if wc.byte_len as usize != self.stamp.len() || u64::from_le_bytes(echo) != self.seq {
-                return Err(format!(
-                    "echo {} of {} bytes came back as {} bytes stamped {}",
-                    self.seq,
-                    self.stamp.len(),
-                    wc.byte_len,
-                    u64::from_le_bytes(echo)
-                ));
-            }
+            self.ping.check_echo(&wc, self.stamp.len(), self.seq)?;
             self.echoed = true;
-            self.ping.post_recv(slot)?;
+            self.ping.post_recv(wc.wr_id as usize)?;
         }
         let over = self.echoed && self.sent;
         if over {

@@ -129,7 +129,7 @@ enum Fate {
 impl FaultyWire {
     /// Wraps `inner`; `seed` makes the faults reproducible.
     pub fn new(inner: Box<dyn Wire>, config: FaultConfig, seed: u64) -> FaultyWire {
-        FaultyWire {
+        let mut wire = FaultyWire {
             inner,
             config,
             rng: Rng::new(seed),
@@ -138,8 +138,10 @@ impl FaultyWire {
             rx_held: BTreeMap::new(),
             stats: FaultStats::default(),
             link_down: false,
-            quiet: config.tx.is_none() && config.rx.is_none(),
-        }
+            quiet: false,
+        };
+        wire.update_quiet();
+        wire
     }
 
     /// [`Wire::recv`] with faults to inject or frames held: the pass-through case stays a

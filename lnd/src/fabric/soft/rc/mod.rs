@@ -594,7 +594,7 @@ impl RcQp {
 
     /// Whether completions or async events wait to be taken.
     pub(crate) fn has_output(&self) -> bool {
-        !self.completions.is_empty() || !self.events.is_empty()
+        self.has_completions() || !self.events.is_empty()
     }
 
     /// Takes the async events produced so far.
