@@ -374,6 +374,9 @@ impl Driver {
         }
         let router = Arc::new(Router::new(wakers.clone()));
         let dev = Arc::new(dev);
+        // One clock for every scheduler: they share the device, whose timers and transport
+        // state take `now` from each of them, so their instants must have one epoch.
+        let clock = Clock::new();
         let mut engines = Vec::with_capacity(n);
         for i in 0..n {
             let mut tunables = config.tunables.clone();
@@ -416,7 +419,7 @@ impl Driver {
             // On failure `driver` is dropped: the schedulers already started are shut down.
             let thread = std::thread::Builder::new()
                 .name(name)
-                .spawn(move || Scheduler::new(engine, poll, s2, busy_poll_usec).run())?;
+                .spawn(move || Scheduler::new(engine, poll, s2, clock, busy_poll_usec).run())?;
             driver.schedulers.push(SchedulerHandle { shared, thread: Mutex::new(Some(thread)) });
         }
         Ok(driver)
@@ -638,12 +641,12 @@ impl Drop for Finished {
 }
 
 impl<D: Device> Scheduler<D> {
-    fn new(engine: Engine<D>, poll: Poll, shared: Arc<Shared>, busy_poll_usec: u32) -> Scheduler<D> {
+    fn new(engine: Engine<D>, poll: Poll, shared: Arc<Shared>, clock: Clock, busy_poll_usec: u32) -> Scheduler<D> {
         Scheduler {
             engine,
             poll,
             shared,
-            clock: Clock::new(),
+            clock,
             cq_fds: FastMap::default(),
             turns: 0,
             busy_poll_usec,
