@@ -641,16 +641,14 @@ impl Drop for Finished {
 }
 
 impl<D: Device> Scheduler<D> {
-    fn new(engine: Engine<D>, poll: Poll, shared: Arc<Shared>, clock: Clock, busy_poll_usec: u32) -> Scheduler<D> {
-        Scheduler {
-            engine,
-            poll,
-            shared,
-            clock,
-            cq_fds: FastMap::default(),
-            turns: 0,
-            busy_poll_usec,
-        }
+    fn new(
+        engine: Engine<D>,
+        poll: Poll,
+        shared: Arc<Shared>,
+        clock: Clock,
+        busy_poll_usec: u32,
+    ) -> Scheduler<D> {
+        Scheduler { engine, poll, shared, clock, cq_fds: FastMap::default(), turns: 0, busy_poll_usec }
     }
 
     /// Spins on memory alone (the command queue, [`Device::work_pending`]) until something may

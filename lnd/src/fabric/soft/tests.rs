@@ -137,27 +137,35 @@ fn run_until(
     max_steps: usize,
     done: impl FnMut(Instant) -> bool,
 ) -> bool {
-    run_paced(devs, now, max_steps, Duration::ZERO, done)
+    run_paced(devs, now, max_steps, Duration::ZERO, Duration::ZERO, done)
 }
 
 /// As [`run_until`], but every turn takes at least `turn` of virtual time, as an application's
 /// work between two calls of `progress` does: frames arrive between a send being posted and
 /// the next `progress` transmitting it. A turn is the engine's poll: `progress_receive`, the
-/// application's part (`done`: reaping, posting), `progress`.
+/// application's part (`done`: reaping, posting), `progress`. With a `skew`, every other
+/// turn one device's `progress` (the devices take turns) is given an instant `skew` earlier
+/// than its `progress_receive` had: a device shared by several scheduler threads sees their
+/// instants out of order by as much as one thread's turn, since each reads the clock before
+/// it takes the device's lock.
 fn run_paced(
     devs: &[&SoftDevice],
     now: &mut Instant,
     max_steps: usize,
     turn: Duration,
+    skew: Duration,
     mut done: impl FnMut(Instant) -> bool,
 ) -> bool {
-    for _ in 0..max_steps {
+    for step in 0..max_steps {
         for d in devs {
             d.progress_receive(*now).unwrap();
         }
         let finished = done(*now);
-        for d in devs {
-            d.progress(*now).unwrap();
+        for (i, d) in devs.iter().enumerate() {
+            let lags = (step + i) % 2 == 1;
+            let back = u64::try_from(skew.as_nanos()).unwrap_or(u64::MAX);
+            let at = if lags { Instant::from_nanos(now.as_nanos().saturating_sub(back)) } else { *now };
+            d.progress(at).unwrap();
         }
         if finished {
             return true;
@@ -193,7 +201,7 @@ fn pattern(msg: u64, len: usize) -> Vec<u8> {
 /// the slot when the SEND arrives. Runs `n` messages with up to `window` outstanding; every
 /// completion must succeed.
 fn write_then_send(a: &Node, b: &Node, n: u64, sizes: &[usize], window: u64, now: &mut Instant, s: u64) {
-    let gave_up = write_then_send_or_give_up(a, b, n, sizes, window, now, s, false);
+    let gave_up = write_then_send_or_give_up(a, b, n, sizes, window, now, s, false, Duration::ZERO);
     assert_eq!(gave_up, None);
 }
 
@@ -201,6 +209,7 @@ fn write_then_send(a: &Node, b: &Node, n: u64, sizes: &[usize], window: u64, now
 /// too long: a's QP runs out of retries (`RETRY_EXC_ERR` on its oldest work request, counted
 /// in `retries_exceeded`), every later one is flushed in order, and b has what came before,
 /// in order, exactly once. Returns how many messages b verified then, or `None` if all went.
+/// `skew`: the devices' instants out of order by that much ([`run_paced`]).
 #[allow(clippy::too_many_arguments)]
 fn write_then_send_or_give_up(
     a: &Node,
@@ -211,6 +220,7 @@ fn write_then_send_or_give_up(
     now: &mut Instant,
     s: u64,
     may_give_up: bool,
+    skew: Duration,
 ) -> Option<u64> {
     // One slot per message in flight, 64 KiB or the largest size.
     let slot_len = sizes.iter().copied().max().unwrap_or(0).next_power_of_two().max(1 << 16);
@@ -224,7 +234,7 @@ fn write_then_send_or_give_up(
     let mut gave_up: Option<u64> = None;
     let mut recv_order = Vec::new();
     let mut a_wcs = Vec::new();
-    let done = run_until(&[&a.dev, &b.dev], now, 2_000_000, |now| {
+    let done = run_paced(&[&a.dev, &b.dev], now, 2_000_000, Duration::ZERO, skew, |now| {
         // a: keep `window` messages in flight.
         while gave_up.is_none() && posted < n && posted - verified < window {
             let len = sizes[(posted as usize) % sizes.len()];
@@ -329,6 +339,29 @@ fn writes_and_sends_arrive_in_order_exactly_once_on_a_clean_wire() {
             let placed = (0..200u64).filter(|m| m % 7 != 0).count() as u64;
             assert_eq!(b.dev.stats().placed_writes, placed, "seed {s}");
         }
+    }
+}
+
+/// A device shared by several scheduler threads is given their instants out of order (each
+/// reads the clock before it takes the device's lock): transport timing that took a step back
+/// must neither stall a QP nor retransmit what was acknowledged. 200 µs steps back, every
+/// other turn, on both paths.
+#[test]
+fn instants_out_of_order_by_a_turn_neither_stall_nor_retransmit() {
+    for path in PATHS {
+        let s = seed();
+        let net = SimNet::new(s, Duration::from_micros(5));
+        let a = node(&net, 1, on_path(s, path), 1 << 20);
+        let b = node(&net, 2, on_path(s + 1, path), 1 << 20);
+        connect(&a, &b, RC);
+        let mut now = Instant::ZERO;
+        let sizes = [0, 1, 4095, 4096, 4097, 20000, 65536];
+        let skew = Duration::from_micros(200);
+        let gave_up = write_then_send_or_give_up(&a, &b, 200, &sizes, 8, &mut now, s, false, skew);
+        assert_eq!(gave_up, None, "seed {s} {path:?}");
+        assert_eq!(a.dev.stats().retransmits, 0, "seed {s} {path:?}: {:?}", a.dev.stats());
+        assert_eq!(b.dev.stats().duplicates, 0, "seed {s} {path:?}");
+        assert_path(&a.dev, &b.dev, path, s);
     }
 }
 
@@ -555,7 +588,7 @@ fn writes_and_sends_survive_20_percent_loss_with_reordering_and_duplication() {
         // a row bring nothing (its `retry_cnt` of 7 spent), as an HCA's would: measured, in 8
         // of 400 seeds (each running the three paths).
         let sizes = [0, 100, 1024, 3000, 20000, 65536];
-        let _ = write_then_send_or_give_up(&a, &b, 300, &sizes, 8, &mut now, s, true);
+        let _ = write_then_send_or_give_up(&a, &b, 300, &sizes, 8, &mut now, s, true, Duration::ZERO);
         let (sa, sb) = (a.dev.stats(), b.dev.stats());
         assert!(
             sa.retransmits > 0 && sb.duplicates > 0 && sb.seq_naks > 0,
@@ -1474,42 +1507,53 @@ fn acks_ride_on_sends_the_other_way_and_nothing_is_lost_under_faults() {
         let (mut posted, mut answered) = (0u64, 0u64);
         let (mut got_a, mut got_b, mut done_a, mut done_b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut now = Instant::ZERO;
-        let finished = run_paced(&[&a.dev, &b.dev], &mut now, 2_000_000, Duration::from_micros(1), |_| {
-            while posted < n && posted - answered < window {
-                send(&a, posted, &pattern(posted, sizes[posted as usize % sizes.len()]));
-                posted += 1;
-            }
-            for (x, got, done, answer) in
-                [(&b, &mut got_b, &mut done_b, true), (&a, &mut got_a, &mut done_a, false)]
-            {
-                let mut wcs = Vec::new();
-                poll_all(&x.cq, &mut wcs);
-                for wc in wcs {
-                    assert_eq!(wc.status, WcStatus::Success, "seed {s}: {wc:?}");
-                    if wc.opcode != WcOpcode::Recv {
-                        done.push(wc.wr_id);
-                        continue;
-                    }
-                    let m = u64::from(wc.imm_data.expect("imm"));
-                    let want =
-                        if answer { pattern(m, sizes[m as usize % sizes.len()]) } else { pattern(m + n, 16) };
-                    let slot = wc.wr_id as usize;
-                    assert_eq!(wc.byte_len as usize, want.len(), "seed {s}: message {m}");
-                    assert!(
-                        x.buf.buf().to_vec(slot * SLOT, want.len()).unwrap() == want,
-                        "seed {s}: message {m}"
-                    );
-                    got.push(m);
-                    x.qp.post_recv(&[RecvWr { wr_id: wc.wr_id, sg_list: &[recv_sge(x, wc.wr_id)] }]).unwrap();
-                    if answer {
-                        send(&b, m, &pattern(m + n, 16));
-                    } else {
-                        answered += 1;
+        let finished = run_paced(
+            &[&a.dev, &b.dev],
+            &mut now,
+            2_000_000,
+            Duration::from_micros(1),
+            Duration::ZERO,
+            |_| {
+                while posted < n && posted - answered < window {
+                    send(&a, posted, &pattern(posted, sizes[posted as usize % sizes.len()]));
+                    posted += 1;
+                }
+                for (x, got, done, answer) in
+                    [(&b, &mut got_b, &mut done_b, true), (&a, &mut got_a, &mut done_a, false)]
+                {
+                    let mut wcs = Vec::new();
+                    poll_all(&x.cq, &mut wcs);
+                    for wc in wcs {
+                        assert_eq!(wc.status, WcStatus::Success, "seed {s}: {wc:?}");
+                        if wc.opcode != WcOpcode::Recv {
+                            done.push(wc.wr_id);
+                            continue;
+                        }
+                        let m = u64::from(wc.imm_data.expect("imm"));
+                        let want = if answer {
+                            pattern(m, sizes[m as usize % sizes.len()])
+                        } else {
+                            pattern(m + n, 16)
+                        };
+                        let slot = wc.wr_id as usize;
+                        assert_eq!(wc.byte_len as usize, want.len(), "seed {s}: message {m}");
+                        assert!(
+                            x.buf.buf().to_vec(slot * SLOT, want.len()).unwrap() == want,
+                            "seed {s}: message {m}"
+                        );
+                        got.push(m);
+                        x.qp.post_recv(&[RecvWr { wr_id: wc.wr_id, sg_list: &[recv_sge(x, wc.wr_id)] }])
+                            .unwrap();
+                        if answer {
+                            send(&b, m, &pattern(m + n, 16));
+                        } else {
+                            answered += 1;
+                        }
                     }
                 }
-            }
-            done_a.len() as u64 == n && done_b.len() as u64 == n && answered == n
-        });
+                done_a.len() as u64 == n && done_b.len() as u64 == n && answered == n
+            },
+        );
         let (sa, sb) = (a.dev.stats(), b.dev.stats());
         assert!(finished, "seed {s}: stalled at posted {posted} answered {answered}: {sa:?} {sb:?}");
         let all: Vec<u64> = (0..n).collect();
