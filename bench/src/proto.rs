@@ -7,6 +7,8 @@
 //!
 //! Requests and replies are fixed 64-byte little-endian headers followed by an optional payload.
 
+use lnet_shim::{Buffer, OutOfRange};
+
 /// Portal the server's request buffers are attached to.
 pub const REQUEST_PORTAL: u32 = 51;
 /// Portal the client's bulk buffers are attached to (match bits = the RPC's bulk bits).
@@ -207,7 +209,9 @@ fn stamped(check: Check, len: usize) -> Box<dyn Iterator<Item = usize>> {
                 .flat_map(move |p| {
                     let start = p * 4096;
                     let end = (start + 4096).min(len).saturating_sub(8).max(start);
-                    [start, end]
+                    // A page of 9 to 15 bytes (the last one) has room for one word only: a
+                    // second, overlapping the first, would overwrite part of it.
+                    if end >= start + 8 { [start, end] } else { [start, start] }
                 })
                 .filter(move |&at| at <= last && len >= 8),
         ),
@@ -215,11 +219,41 @@ fn stamped(check: Check, len: usize) -> Box<dyn Iterator<Item = usize>> {
 }
 
 /// Where the bytes after the last whole 8-byte word of `len` bytes start.
+#[cfg(test)]
 fn len_before_tail(len: usize) -> usize {
     len - len % 8
 }
 
+/// [`word`] as the integer [`Buffer::fill_words`] and [`Buffer::words_match`] take.
+fn word_u64(magic: u64, at: usize) -> u64 {
+    u64::from_le_bytes(word(magic, at))
+}
+
+/// Stamps the first `len` bytes of `buf` in place for `check` with `magic`, as [`stamp`]
+/// stamps a slice: no copy of the data (a brw buffer is up to gigabytes).
+pub fn stamp_buffer(buf: &Buffer, len: usize, check: Check, magic: u64) -> Result<(), OutOfRange> {
+    match check {
+        Check::None => Ok(()),
+        Check::Full => buf.fill_words(0, len, |i| word_u64(magic, i * 8)),
+        Check::Simple => stamped(check, len).try_for_each(|at| buf.write(at, &word(magic, at))),
+    }
+}
+
+/// Whether bytes `offset..offset + len` of `buf` carry the stamps `check` and `magic` call
+/// for, read in place, as [`verify`] reads a slice. False if the range is not in `buf`.
+pub fn verify_buffer(buf: &Buffer, offset: usize, len: usize, check: Check, magic: u64) -> bool {
+    match check {
+        Check::None => offset.checked_add(len).is_some_and(|end| end <= buf.len()),
+        Check::Full => buf.words_match(offset, len, |i| word_u64(magic, i * 8)) == Ok(true),
+        Check::Simple => stamped(check, len).all(|at| {
+            let mut got = [0u8; 8];
+            buf.read(offset + at, &mut got).is_ok() && got == word(magic, at)
+        }),
+    }
+}
+
 /// Stamps `buf` (the first `len` bytes) for `check` with `magic`.
+#[cfg(test)]
 pub fn stamp(buf: &mut [u8], check: Check, magic: u64) {
     if check == Check::Full {
         // Every whole word, in one pass the compiler can keep in registers, then the bytes
@@ -243,6 +277,7 @@ pub fn stamp(buf: &mut [u8], check: Check, magic: u64) {
 }
 
 /// Whether `buf` carries the stamps `check` and `magic` call for.
+#[cfg(test)]
 pub fn verify(buf: &[u8], check: Check, magic: u64) -> bool {
     if check == Check::Full {
         let words = buf.chunks_exact(8);
@@ -279,6 +314,22 @@ mod tests {
             assert!(!verify(&b, check, 6), "another RPC's data fails");
             b[4095] ^= 1; // last word of page 0: stamped in both modes
             assert!(!verify(&b, check, 5), "{check:?}");
+        }
+        // In place in a buffer, the same stamps as in a slice, at every mode and length.
+        for check in [Check::None, Check::Simple, Check::Full] {
+            for len in [0usize, 5, 13, 4096, 4099, 10_000] {
+                let buf = Buffer::new(10_008);
+                stamp_buffer(&buf, len, check, 77).unwrap();
+                let mut expect = buf.to_vec(0, len).unwrap();
+                stamp(&mut expect, check, 77);
+                assert_eq!(buf.to_vec(0, len).unwrap(), expect, "{check:?} {len}");
+                assert!(verify_buffer(&buf, 0, len, check, 77), "{check:?} {len}");
+                assert!(verify(&expect, check, 77), "{check:?} {len}");
+                if check != Check::None && len >= 8 {
+                    assert!(!verify_buffer(&buf, 0, len, check, 78), "{check:?} {len}: another RPC's data");
+                }
+            }
+            assert!(!verify_buffer(&Buffer::new(16), 8, 9, check, 1), "{check:?}: past the end");
         }
         let b = vec![0u8; 100];
         assert!(verify(&b, Check::None, 1));

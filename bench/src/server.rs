@@ -194,11 +194,7 @@ impl Server<'_> {
                 .with_events(self.eq.clone());
             lnet.md_bind(md, Unlink::Auto).and_then(|h| lnet.get(h, client, BULK_PORTAL, req.bulk_bits, 0))
         } else {
-            if req.check != Check::None {
-                let mut data = vec![0u8; req.size as usize];
-                proto::stamp(&mut data, req.check, req.magic);
-                let _ = buf.write(0, &data);
-            }
+            let _ = proto::stamp_buffer(&buf, req.size as usize, req.check, req.magic);
             let md = Md::contiguous(buf.clone())
                 .with_threshold(Threshold::Count(1))
                 .with_user_ptr(tag(KIND_BULK, id))
@@ -234,8 +230,10 @@ impl Server<'_> {
                 e.as_i32()
             }
             Ok(()) if p.req.op == Op::BrwWrite && p.req.check != Check::None => {
-                let data = p.buf.to_vec(0, p.req.size as usize).unwrap_or_default();
-                if ev.mlength == u64::from(p.req.size) && proto::verify(&data, p.req.check, p.req.magic) {
+                let size = p.req.size as usize;
+                if ev.mlength == u64::from(p.req.size)
+                    && proto::verify_buffer(&p.buf, 0, size, p.req.check, p.req.magic)
+                {
                     0
                 } else {
                     self.counters.corrupt += 1;

@@ -131,6 +131,28 @@ unsafe fn copy_byte(src: *const u8, dst: *mut u8) {
     }
 }
 
+/// Stores `bytes` at `dst` one atomic byte at a time.
+///
+/// # Safety
+/// `dst..dst+bytes.len()` writable, and only accessed atomically (see [`atomic_copy`]).
+unsafe fn store_bytes(dst: *mut u8, bytes: &[u8]) {
+    for (i, b) in bytes.iter().enumerate() {
+        // SAFETY: inside the range (caller); `AtomicU8` has the size and alignment of `u8`.
+        unsafe { (*dst.add(i).cast::<AtomicU8>()).store(*b, Ordering::Relaxed) };
+    }
+}
+
+/// Loads `out.len()` bytes from `src` one atomic byte at a time.
+///
+/// # Safety
+/// `src..src+out.len()` readable, and only accessed atomically (see [`atomic_copy`]).
+unsafe fn load_bytes(src: *const u8, out: &mut [u8]) {
+    for (i, b) in out.iter_mut().enumerate() {
+        // SAFETY: inside the range (caller); `AtomicU8` has the size and alignment of `u8`.
+        *b = unsafe { (*src.add(i).cast::<AtomicU8>()).load(Ordering::Relaxed) };
+    }
+}
+
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Buffer({:#x}+{})", self.addr(), self.len)
@@ -242,6 +264,68 @@ impl Buffer {
         // borrow, so the ranges do not overlap.
         unsafe { atomic_copy(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
         Ok(())
+    }
+
+    /// Stamps bytes `offset..offset+len` in place, without a copy: the `i`th 8-byte word gets
+    /// `word(i)` (little-endian), and the bytes after the last whole word get the first bytes
+    /// of `word(len / 8)`. Atomic stores, as [`Buffer::write`]'s.
+    pub fn fill_words(
+        &self,
+        offset: usize,
+        len: usize,
+        mut word: impl FnMut(usize) -> u64,
+    ) -> Result<(), OutOfRange> {
+        self.check(offset, len)?;
+        let base = self.ptr.as_ptr().wrapping_add(offset);
+        let whole = len / WORD;
+        for i in 0..whole {
+            let w = word(i);
+            let at = base.wrapping_add(i * WORD);
+            if at as usize % WORD == 0 {
+                // SAFETY: inside the checked range and 8-aligned, as `AtomicU64` requires.
+                unsafe { (*at.cast::<AtomicU64>()).store(w.to_le(), Ordering::Relaxed) };
+            } else {
+                // SAFETY: the word's 8 bytes are inside the checked range.
+                unsafe { store_bytes(at, &w.to_le_bytes()) };
+            }
+        }
+        let tail = word(whole).to_le_bytes();
+        // SAFETY: the `len % 8` bytes after the last whole word are inside the checked range.
+        unsafe { store_bytes(base.wrapping_add(whole * WORD), &tail[..len % WORD]) };
+        Ok(())
+    }
+
+    /// Whether bytes `offset..offset+len` hold what [`Buffer::fill_words`] with `word` stamps,
+    /// read in place (atomic loads, as [`Buffer::read`]'s); stops at the first difference.
+    pub fn words_match(
+        &self,
+        offset: usize,
+        len: usize,
+        mut word: impl FnMut(usize) -> u64,
+    ) -> Result<bool, OutOfRange> {
+        self.check(offset, len)?;
+        let base = self.ptr.as_ptr().wrapping_add(offset);
+        let whole = len / WORD;
+        for i in 0..whole {
+            let at = base.wrapping_add(i * WORD);
+            let got = if at as usize % WORD == 0 {
+                // SAFETY: inside the checked range and 8-aligned, as `AtomicU64` requires.
+                u64::from_le(unsafe { (*at.cast::<AtomicU64>()).load(Ordering::Relaxed) })
+            } else {
+                let mut b = [0u8; WORD];
+                // SAFETY: the word's 8 bytes are inside the checked range.
+                unsafe { load_bytes(at, &mut b) };
+                u64::from_le_bytes(b)
+            };
+            if got != word(i) {
+                return Ok(false);
+            }
+        }
+        let n = len % WORD;
+        let mut tail = [0u8; WORD];
+        // SAFETY: the `n` bytes after the last whole word are inside the checked range.
+        unsafe { load_bytes(base.wrapping_add(whole * WORD), &mut tail[..n]) };
+        Ok(tail[..n] == word(whole).to_le_bytes()[..n])
     }
 
     /// Copies `len` bytes from `src` at `src_offset` to this buffer at `offset` (the ranges may
@@ -386,6 +470,33 @@ mod tests {
     }
 
     use super::*;
+
+    /// Stamping and checking in place: every byte of the range, aligned or not, the tail
+    /// after the last whole word included; nothing outside it; a changed byte anywhere is
+    /// found; ranges past the end are refused.
+    #[test]
+    fn words_are_filled_and_matched_in_place() {
+        let b = Buffer::new(4096);
+        let word = |i: usize| (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5a5a;
+        for (offset, len) in [(0, 4096), (8, 1000), (3, 1001), (5, 7), (4096, 0), (100, 0)] {
+            b.fill(0xee);
+            b.fill_words(offset, len, word).unwrap();
+            let all = b.to_vec(0, 4096).unwrap();
+            let expect: Vec<u8> = (0..len).map(|k| word(k / 8).to_le_bytes()[k % 8]).collect();
+            assert_eq!(&all[offset..offset + len], &expect[..], "{offset}+{len}");
+            assert!(all[..offset].iter().chain(&all[offset + len..]).all(|&x| x == 0xee), "{offset}+{len}");
+            assert_eq!(b.words_match(offset, len, word), Ok(true), "{offset}+{len}");
+            for k in [0, len / 2, len.saturating_sub(1)].into_iter().filter(|&k| k < len) {
+                let mut one = [0u8];
+                b.read(offset + k, &mut one).unwrap();
+                b.write(offset + k, &[one[0] ^ 1]).unwrap();
+                assert_eq!(b.words_match(offset, len, word), Ok(false), "{offset}+{len}: byte {k}");
+                b.write(offset + k, &one).unwrap();
+            }
+        }
+        assert!(b.fill_words(4000, 97, word).is_err());
+        assert!(b.words_match(usize::MAX, 2, word).is_err());
+    }
 
     #[test]
     fn reads_and_writes_are_range_checked() {
