@@ -251,24 +251,17 @@ impl Shared {
     }
 }
 
-/// The largest brw RPC whose data is stamped and checked on the LND's scheduler thread (in
-/// its event callback) rather than on the run's own thread. On a machine whose cores the
-/// schedulers keep busy polling, a hop to another thread waits for one of them to yield: brw
-/// write 4K c8 with `check=full` made 26,700–33,300 RPC/s with the hop and 40,200–40,800
-/// without (`lnd-bench local`, session 33).
-pub const INLINE_CHECK_MAX: usize = 64 << 10;
-
 /// Runs `spec` against its server.
 ///
 /// Pings are driven from the event callback, on the LND's scheduler thread: the reply's event
 /// records the round trip and sends the next ping there and then, with no hop through this
 /// thread (a ping's latency is the LND's, not the OS scheduler's). So are brw RPCs with
 /// `check=none`, which have no data to stamp or check, and those of at most
-/// [`INLINE_CHECK_MAX`] bytes, whose stamping or checking in place takes a few microseconds.
+/// [`proto::INLINE_CHECK_MAX`] bytes, whose stamping or checking in place takes a few microseconds.
 /// Larger brw RPCs are handled here, so that checking the data does not hold up the LND.
 pub fn run(node: &Node, spec: &RunSpec) -> RunResult {
     let clock = Clock::new();
-    let inline = spec.op == Op::Ping || spec.check == Check::None || spec.size <= INLINE_CHECK_MAX;
+    let inline = spec.op == Op::Ping || spec.check == Check::None || spec.size <= proto::INLINE_CHECK_MAX;
     let shared: Arc<Shared> = Arc::new_cyclic(|me: &Weak<Shared>| {
         let me = me.clone();
         let sink = EventSink::callback(move |ev: &Event| {

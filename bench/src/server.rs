@@ -13,8 +13,10 @@
 //! Pings take a shorter road: the request buffers' events go to a callback, which runs on the
 //! LND's scheduler thread as the request arrives and answers a ping there and then (as kernel
 //! lnet_selftest answers in its event handler), so a ping costs no hop to this thread and back.
-//! So do brw RPCs with `check=none` (no data to stamp or check): the callback starts the bulk
-//! transfer, and the transfer's own callback sends the reply.
+//! So do brw RPCs with `check=none` (no data to stamp or check) and those of at most
+//! [`proto::INLINE_CHECK_MAX`] bytes (stamped or checked in place in a few microseconds): the
+//! callback starts the bulk transfer, and the transfer's own callback checks a write's data and
+//! sends the reply.
 //! The callback also counts (atomics) and posts a full buffer again, so a ping never wakes this
 //! thread; every other request is forwarded here and handled as before. The callback must not ask the
 //! LND anything synchronously (stats), because the LND's thread is the one running it.
@@ -129,7 +131,7 @@ impl Server<'_> {
         ServerCounters {
             rpcs: self.counters.rpcs + self.fast.rpcs.load(Ordering::Relaxed),
             errors: self.counters.errors + self.fast.errors.load(Ordering::Relaxed),
-            corrupt: self.counters.corrupt,
+            corrupt: self.counters.corrupt + self.fast.corrupt.load(Ordering::Relaxed),
         }
     }
 
@@ -269,6 +271,7 @@ impl Server<'_> {
 struct Fast {
     rpcs: AtomicU64,
     errors: AtomicU64,
+    corrupt: AtomicU64,
     pool: Mutex<HashMap<usize, Vec<Arc<Buffer>>>>,
     replies: Mutex<ReplyPool>,
 }
@@ -345,13 +348,18 @@ fn counting_sink(fast: &Arc<Fast>) -> EventSink {
     })
 }
 
-/// Serves a brw RPC with `check=none` in the request's callback, on the LND thread: there is
-/// no data to stamp or check, so nothing to keep off that thread. The bulk transfer's last
-/// event (the REPLY of a write's GET, the SEND of a read's PUT, or the first error) sends the
-/// reply, once.
+/// Serves a brw RPC with `check=none`, or of at most [`proto::INLINE_CHECK_MAX`] bytes, in the
+/// request's callback, on the LND thread: there is no data to stamp or check, or it takes a
+/// few microseconds in place. A read's buffer is stamped before its PUT. The bulk transfer's
+/// last event (the REPLY of a write's GET, the SEND of a read's PUT, or the first error)
+/// checks a write's data and sends the reply, once.
 fn fast_brw(lnet: &Lnet, fast: &Arc<Fast>, reply_sink: &EventSink, client: ProcessId, req: Request) {
-    let buf = fast.take(req.size as usize);
+    let size = req.size as usize;
+    let buf = fast.take(size);
     let write = req.op == Op::BrwWrite;
+    if !write {
+        let _ = proto::stamp_buffer(&buf, size, req.check, req.magic);
+    }
     let done_kind = if write { EventKind::Reply } else { EventKind::Send };
     let sink = {
         let (lnet, fast, buf, answered) = (lnet.clone(), fast.clone(), buf.clone(), AtomicBool::new(false));
@@ -360,11 +368,21 @@ fn fast_brw(lnet: &Lnet, fast: &Arc<Fast>, reply_sink: &EventSink, client: Proce
             if (ev.status.is_ok() && ev.kind != done_kind) || answered.swap(true, Ordering::Relaxed) {
                 return;
             }
-            let status = ev.status.map_or_else(|e| e.as_i32(), |()| 0);
+            let mut status = ev.status.map_or_else(|e| e.as_i32(), |()| 0);
+            if status == 0
+                && write
+                && req.check != Check::None
+                && !(ev.mlength == u64::from(req.size)
+                    && proto::verify_buffer(&buf, 0, size, req.check, req.magic))
+            {
+                fast.corrupt.fetch_add(1, Ordering::Relaxed);
+                status = proto::STATUS_CORRUPT;
+            }
             fast.give(buf.clone());
             let (reply, len) = fast.reply_buffer(req.rpc, status, 0);
             let sent = send_reply(&lnet, reply_sink.clone(), 0, client, req.rpc, reply, len);
-            fast.count(status == 0 && sent.is_ok());
+            // A corrupt write is answered (the client counts it), as on the server thread.
+            fast.count((status == 0 || status == proto::STATUS_CORRUPT) && sent.is_ok());
         })
     };
     let md = Md::contiguous(buf.clone())
@@ -443,7 +461,8 @@ impl RequestSlot {
         }
     }
 
-    /// Answers a ping, or starts a brw with `check=none`, right here; false for any other
+    /// Answers a ping, or starts a brw with `check=none` or of at most
+    /// [`proto::INLINE_CHECK_MAX`] bytes, right here; false for any other
     /// request (or a failed PUT), which goes to the server thread.
     fn serve_inline(&self, ev: &Event) -> bool {
         if ev.status.is_err() {
@@ -464,7 +483,10 @@ impl RequestSlot {
             self.fast.count(sent.is_ok());
             return true;
         }
-        let quick = |r: &Request| matches!(r.op, Op::BrwWrite | Op::BrwRead) && r.check == Check::None;
+        let quick = |r: &Request| {
+            matches!(r.op, Op::BrwWrite | Op::BrwRead)
+                && (r.check == Check::None || r.size as usize <= proto::INLINE_CHECK_MAX)
+        };
         if let Some(req) = req.filter(quick) {
             fast_brw(&self.lnet, &self.fast, &self.reply_sink, ev.initiator, req);
             return true;
