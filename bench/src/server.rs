@@ -573,3 +573,111 @@ mod tests {
         assert_eq!(fast.replies.lock().unwrap().bufs.len(), POOLED_REPLIES);
     }
 }
+
+#[cfg(test)]
+mod process_tests {
+    use std::sync::atomic::AtomicBool;
+
+    use lnet_shim::nid::Nid;
+
+    use super::*;
+    use crate::node::{Fabric, NodeOptions};
+
+    /// Sets its flag when dropped (also while a panic unwinds).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn node(nid: &str, port: u16) -> Node {
+        let nid: Nid = nid.parse().unwrap();
+        Node::start(&NodeOptions {
+            nid,
+            tunables: None,
+            fabric: Fabric::Soft,
+            port,
+            tunables_warnings: false,
+        })
+        .unwrap()
+    }
+
+    /// Sends brw write RPC `rpc` of `size` bytes whose data is stamped with `stamped` while the
+    /// request names `magic`; the status the server answers.
+    fn brw_write_status(
+        client: &Node,
+        server: ProcessId,
+        rpc: u64,
+        size: usize,
+        stamped: u64,
+        magic: u64,
+    ) -> i32 {
+        let lnet = &client.lnet;
+        let eq = EventQueue::new(16);
+        let bulk = Arc::new(Buffer::new(size));
+        proto::stamp_buffer(&bulk, size, Check::Full, stamped).unwrap();
+        let md = Md::contiguous(bulk).with_options(MdOptions::OP_GET).with_threshold(Threshold::Count(1));
+        lnet.attach(BULK_PORTAL, MatchEntry::new(server, rpc).with_unlink(Unlink::Auto), md, Unlink::Auto)
+            .unwrap();
+        let reply = Arc::new(Buffer::new(HDR));
+        let md = Md::contiguous(reply.clone())
+            .with_options(MdOptions::OP_PUT | MdOptions::TRUNCATE)
+            .with_threshold(Threshold::Count(1))
+            .with_events(eq.clone());
+        lnet.attach(REPLY_PORTAL, MatchEntry::new(server, rpc).with_unlink(Unlink::Auto), md, Unlink::Auto)
+            .unwrap();
+        let req =
+            Request { op: Op::BrwWrite, rpc, bulk_bits: rpc, size: size as u32, check: Check::Full, magic };
+        let request = Arc::new(Buffer::new(HDR));
+        request.write(0, &req.encode()).unwrap();
+        let h =
+            lnet.md_bind(Md::contiguous(request).with_threshold(Threshold::Count(1)), Unlink::Auto).unwrap();
+        lnet.put(h, AckReq::NoAck, server, REQUEST_PORTAL, 0, 0, 0).unwrap();
+        loop {
+            let ev = eq.wait(Duration::from_secs(20)).expect("no reply within 20 s");
+            if ev.kind == EventKind::Put {
+                assert!(ev.status.is_ok(), "{ev:?}");
+                return Reply::decode(&reply.to_vec(0, HDR).unwrap()).expect("a reply header").status;
+            }
+        }
+    }
+
+    /// A brw write whose data does not carry the stamp its request names is answered
+    /// `STATUS_CORRUPT` and counted, whether the server checks it in the bulk transfer's
+    /// callback (64 KiB) or on its own thread (1 MiB); data stamped as named is answered 0.
+    #[test]
+    fn corrupt_written_data_is_answered_corrupt_on_both_paths() {
+        let port = 46_000 + (std::process::id() % 1000) as u16;
+        let server = node("127.0.33.1@o2ib", port);
+        let client = node("127.0.33.2@o2ib", port);
+        let target = ProcessId::new("127.0.33.1@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
+        // One size on each path.
+        const { assert!((64 << 10) <= proto::INLINE_CHECK_MAX && (1 << 20) > proto::INLINE_CHECK_MAX) };
+        let stop = AtomicBool::new(false);
+        let counters = std::thread::scope(|sc| {
+            let serving = sc.spawn(|| serve(&server, || stop.load(Ordering::SeqCst)));
+            // A failed assertion below stops the server too, so the scope can end.
+            let stopper = StopOnDrop(&stop);
+            let mut rpc = 0;
+            for size in [64 << 10, 1 << 20] {
+                rpc += 1;
+                assert_eq!(brw_write_status(&client, target, rpc, size, 7, 7), 0, "{size}: stamped as named");
+                rpc += 1;
+                assert_eq!(
+                    brw_write_status(&client, target, rpc, size, 8, 7),
+                    proto::STATUS_CORRUPT,
+                    "{size}"
+                );
+            }
+            drop(stopper);
+            serving.join().unwrap()
+        })
+        .unwrap();
+        assert_eq!(counters.corrupt, 2, "{counters:?}");
+        assert_eq!(counters.rpcs, 4, "{counters:?}");
+        client.shutdown();
+        server.shutdown();
+    }
+}
