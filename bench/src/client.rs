@@ -261,7 +261,7 @@ impl Shared {
 /// Larger brw RPCs are handled here, so that checking the data does not hold up the LND.
 pub fn run(node: &Node, spec: &RunSpec) -> RunResult {
     let clock = Clock::new();
-    let inline = spec.op == Op::Ping || spec.check == Check::None || spec.size <= proto::INLINE_CHECK_MAX;
+    let inline = spec.op == Op::Ping || proto::checks_inline(spec.check, spec.size);
     let shared: Arc<Shared> = Arc::new_cyclic(|me: &Weak<Shared>| {
         let me = me.clone();
         let sink = EventSink::callback(move |ev: &Event| {

@@ -21,6 +21,18 @@ pub const REPLY_PORTAL: u32 = 53;
 /// them to yield: `lnd-bench local` (`check=full`) ran brw write 4K c8 at 25,000–27,000 RPC/s
 /// with both hops and about 49,000 with the client's gone (session 33).
 pub const INLINE_CHECK_MAX: usize = 64 << 10;
+
+/// Whether a brw RPC's data is handled in the event callbacks, on the LND's thread: nothing to
+/// stamp or check, or at most [`INLINE_CHECK_MAX`] bytes of it (client and server both ask).
+pub fn checks_inline(check: Check, size: usize) -> bool {
+    check == Check::None || size <= INLINE_CHECK_MAX
+}
+
+/// Whether a brw write's sink `buf` got all `req.size` bytes (`mlength`) and carries the stamps
+/// `req` names (the server checks this on either path).
+pub fn write_intact(buf: &Buffer, mlength: u64, req: &Request) -> bool {
+    mlength == u64::from(req.size) && verify_buffer(buf, 0, req.size as usize, req.check, req.magic)
+}
 /// Header size of requests and replies.
 pub const HDR: usize = 64;
 /// Largest ping payload. Up to 3912 bytes a ping request travels IMMEDIATE; above that LNet

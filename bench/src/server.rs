@@ -232,10 +232,7 @@ impl Server<'_> {
                 e.as_i32()
             }
             Ok(()) if p.req.op == Op::BrwWrite && p.req.check != Check::None => {
-                let size = p.req.size as usize;
-                if ev.mlength == u64::from(p.req.size)
-                    && proto::verify_buffer(&p.buf, 0, size, p.req.check, p.req.magic)
-                {
+                if proto::write_intact(&p.buf, ev.mlength, &p.req) {
                     0
                 } else {
                     self.counters.corrupt += 1;
@@ -372,8 +369,7 @@ fn fast_brw(lnet: &Lnet, fast: &Arc<Fast>, reply_sink: &EventSink, client: Proce
             if status == 0
                 && write
                 && req.check != Check::None
-                && !(ev.mlength == u64::from(req.size)
-                    && proto::verify_buffer(&buf, 0, size, req.check, req.magic))
+                && !proto::write_intact(&buf, ev.mlength, &req)
             {
                 fast.corrupt.fetch_add(1, Ordering::Relaxed);
                 status = proto::STATUS_CORRUPT;
@@ -484,8 +480,7 @@ impl RequestSlot {
             return true;
         }
         let quick = |r: &Request| {
-            matches!(r.op, Op::BrwWrite | Op::BrwRead)
-                && (r.check == Check::None || r.size as usize <= proto::INLINE_CHECK_MAX)
+            matches!(r.op, Op::BrwWrite | Op::BrwRead) && proto::checks_inline(r.check, r.size as usize)
         };
         if let Some(req) = req.filter(quick) {
             fast_brw(&self.lnet, &self.fast, &self.reply_sink, ev.initiator, req);

@@ -77,9 +77,9 @@ pub struct Buffer {
 // copies whose ordering with device access is provided by the protocol (module docs). The
 // registration list is behind a mutex and holds `Send + Sync` handles.
 unsafe impl Send for Buffer {}
-// SAFETY: every access through `&Buffer` is an atomic copy (`load_bytes`, `store_bytes`,
-// `fill_bytes`) or the registration list behind its mutex, so shared references on several
-// threads cannot make a data race among themselves. Device access (raw copies by `unsafe`
+// SAFETY: every access through `&Buffer` is atomic (`atomic_copy`, `fill_range`, the word
+// loads and stores of `fill_words` and `words_match`) or the registration list behind its
+// mutex, so shared references on several threads cannot make a data race among themselves. Device access (raw copies by `unsafe`
 // code, DMA) is ordered with the application's by the LNet contract (module docs).
 unsafe impl Sync for Buffer {}
 
@@ -128,28 +128,6 @@ unsafe fn copy_byte(src: *const u8, dst: *mut u8) {
     unsafe {
         let b = (*src.cast::<AtomicU8>()).load(Ordering::Relaxed);
         (*dst.cast::<AtomicU8>()).store(b, Ordering::Relaxed);
-    }
-}
-
-/// Stores `bytes` at `dst` one atomic byte at a time.
-///
-/// # Safety
-/// `dst..dst+bytes.len()` writable, and only accessed atomically (see [`atomic_copy`]).
-unsafe fn store_bytes(dst: *mut u8, bytes: &[u8]) {
-    for (i, b) in bytes.iter().enumerate() {
-        // SAFETY: inside the range (caller); `AtomicU8` has the size and alignment of `u8`.
-        unsafe { (*dst.add(i).cast::<AtomicU8>()).store(*b, Ordering::Relaxed) };
-    }
-}
-
-/// Loads `out.len()` bytes from `src` one atomic byte at a time.
-///
-/// # Safety
-/// `src..src+out.len()` readable, and only accessed atomically (see [`atomic_copy`]).
-unsafe fn load_bytes(src: *const u8, out: &mut [u8]) {
-    for (i, b) in out.iter_mut().enumerate() {
-        // SAFETY: inside the range (caller); `AtomicU8` has the size and alignment of `u8`.
-        *b = unsafe { (*src.add(i).cast::<AtomicU8>()).load(Ordering::Relaxed) };
     }
 }
 
@@ -285,13 +263,15 @@ impl Buffer {
                 // SAFETY: inside the checked range and 8-aligned, as `AtomicU64` requires.
                 unsafe { (*at.cast::<AtomicU64>()).store(w.to_le(), Ordering::Relaxed) };
             } else {
-                // SAFETY: the word's 8 bytes are inside the checked range.
-                unsafe { store_bytes(at, &w.to_le_bytes()) };
+                // SAFETY: the word's 8 bytes are inside the checked range; the source is a
+                // local array of 8 bytes.
+                unsafe { atomic_copy(w.to_le_bytes().as_ptr(), at, WORD) };
             }
         }
         let tail = word(whole).to_le_bytes();
-        // SAFETY: the `len % 8` bytes after the last whole word are inside the checked range.
-        unsafe { store_bytes(base.wrapping_add(whole * WORD), &tail[..len % WORD]) };
+        // SAFETY: the `len % 8` bytes after the last whole word are inside the checked range;
+        // the source is a local array at least that long.
+        unsafe { atomic_copy(tail.as_ptr(), base.wrapping_add(whole * WORD), len % WORD) };
         Ok(())
     }
 
@@ -313,8 +293,9 @@ impl Buffer {
                 u64::from_le(unsafe { (*at.cast::<AtomicU64>()).load(Ordering::Relaxed) })
             } else {
                 let mut b = [0u8; WORD];
-                // SAFETY: the word's 8 bytes are inside the checked range.
-                unsafe { load_bytes(at, &mut b) };
+                // SAFETY: the word's 8 bytes are inside the checked range; `b` is a local array
+                // of 8 bytes.
+                unsafe { atomic_copy(at, b.as_mut_ptr(), WORD) };
                 u64::from_le_bytes(b)
             };
             if got != word(i) {
@@ -323,8 +304,9 @@ impl Buffer {
         }
         let n = len % WORD;
         let mut tail = [0u8; WORD];
-        // SAFETY: the `n` bytes after the last whole word are inside the checked range.
-        unsafe { load_bytes(base.wrapping_add(whole * WORD), &mut tail[..n]) };
+        // SAFETY: the `n` bytes after the last whole word are inside the checked range; `tail`
+        // is a local array at least that long.
+        unsafe { atomic_copy(base.wrapping_add(whole * WORD), tail.as_mut_ptr(), n) };
         Ok(tail[..n] == word(whole).to_le_bytes()[..n])
     }
 

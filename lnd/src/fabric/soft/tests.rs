@@ -317,16 +317,25 @@ fn write_then_send_or_give_up(
     gave_up.map(|_| verified)
 }
 
+/// The WRITE sizes of the clean-wire runs: empty, tiny, around a page, several MTUs.
+const CLEAN_SIZES: [usize; 7] = [0, 1, 4095, 4096, 4097, 20000, 65536];
+
+/// Two connected nodes on a clean simulated wire (5 µs one way), both on `path`.
+fn clean_pair(s: u64, path: SingleCopy) -> (SimNet, Node, Node) {
+    let net = SimNet::new(s, Duration::from_micros(5));
+    let a = node(&net, 1, on_path(s, path), 1 << 20);
+    let b = node(&net, 2, on_path(s + 1, path), 1 << 20);
+    connect(&a, &b, RC);
+    (net, a, b)
+}
+
 #[test]
 fn writes_and_sends_arrive_in_order_exactly_once_on_a_clean_wire() {
     for path in PATHS {
         let s = seed();
-        let net = SimNet::new(s, Duration::from_micros(5));
-        let a = node(&net, 1, on_path(s, path), 1 << 20);
-        let b = node(&net, 2, on_path(s + 1, path), 1 << 20);
-        connect(&a, &b, RC);
+        let (_net, a, b) = clean_pair(s, path);
         let mut now = Instant::ZERO;
-        write_then_send(&a, &b, 200, &[0, 1, 4095, 4096, 4097, 20000, 65536], 8, &mut now, s);
+        write_then_send(&a, &b, 200, &CLEAN_SIZES, 8, &mut now, s);
         let st = a.dev.stats();
         assert_eq!(st.retransmits, 0, "seed {s} {path:?}: {st:?}");
         assert_eq!(b.dev.stats().duplicates, 0);
@@ -350,14 +359,10 @@ fn writes_and_sends_arrive_in_order_exactly_once_on_a_clean_wire() {
 fn instants_out_of_order_by_a_turn_neither_stall_nor_retransmit() {
     for path in PATHS {
         let s = seed();
-        let net = SimNet::new(s, Duration::from_micros(5));
-        let a = node(&net, 1, on_path(s, path), 1 << 20);
-        let b = node(&net, 2, on_path(s + 1, path), 1 << 20);
-        connect(&a, &b, RC);
+        let (_net, a, b) = clean_pair(s, path);
         let mut now = Instant::ZERO;
-        let sizes = [0, 1, 4095, 4096, 4097, 20000, 65536];
         let skew = Duration::from_micros(200);
-        let gave_up = write_then_send_or_give_up(&a, &b, 200, &sizes, 8, &mut now, s, false, skew);
+        let gave_up = write_then_send_or_give_up(&a, &b, 200, &CLEAN_SIZES, 8, &mut now, s, false, skew);
         assert_eq!(gave_up, None, "seed {s} {path:?}");
         assert_eq!(a.dev.stats().retransmits, 0, "seed {s} {path:?}: {:?}", a.dev.stats());
         assert_eq!(b.dev.stats().duplicates, 0, "seed {s} {path:?}");
