@@ -461,7 +461,6 @@ fn run(cli: Cli) -> Result<(), String> {
                 port: common.port,
                 tunables_warnings: !exit_on_stdin_eof,
             })?;
-            println!("lnd-bench server ready on {nid}");
             let eof = std::sync::Arc::new(AtomicBool::new(false));
             if exit_on_stdin_eof {
                 let flag = eof.clone();
@@ -471,8 +470,11 @@ fn run(cli: Cli) -> Result<(), String> {
                     flag.store(true, Ordering::SeqCst);
                 });
             }
+            // `local` and scripts start clients on this line, so it comes once requests find a
+            // buffer.
+            let ready = || println!("lnd-bench server ready on {nid}");
             let counters =
-                server::serve(&node, || STOP.load(Ordering::SeqCst) || eof.load(Ordering::SeqCst))?;
+                server::serve(&node, ready, || STOP.load(Ordering::SeqCst) || eof.load(Ordering::SeqCst))?;
             let f = node.lnd_stats().fabric;
             node.shutdown();
             eprintln!(

@@ -88,8 +88,9 @@ struct Server<'a> {
     fast: Arc<Fast>,
 }
 
-/// Serves until `stop()` returns true (checked at least every 100 ms).
-pub fn serve(node: &Node, stop: impl Fn() -> bool) -> Result<ServerCounters, String> {
+/// Posts the request buffers, calls `ready()` (a request sent after that finds a buffer), then
+/// serves until `stop()` returns true (checked at least every 100 ms).
+pub fn serve(node: &Node, ready: impl FnOnce(), stop: impl Fn() -> bool) -> Result<ServerCounters, String> {
     let mut s = Server {
         node,
         eq: EventQueue::new(1 << 16),
@@ -114,6 +115,7 @@ pub fn serve(node: &Node, stop: impl Fn() -> bool) -> Result<ServerCounters, Str
         }));
         s.post_request(i)?;
     }
+    ready();
     while !stop() {
         let Some(ev) = s.eq.wait(Duration::from_millis(100)) else { continue };
         s.handle(ev);
@@ -652,9 +654,15 @@ mod process_tests {
         const { assert!((64 << 10) <= proto::INLINE_CHECK_MAX && (1 << 20) > proto::INLINE_CHECK_MAX) };
         let stop = AtomicBool::new(false);
         let counters = std::thread::scope(|sc| {
-            let serving = sc.spawn(|| serve(&server, || stop.load(Ordering::SeqCst)));
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let (server, stop) = (&server, &stop);
+            let serving = sc.spawn(move || {
+                serve(server, move || ready_tx.send(()).unwrap(), || stop.load(Ordering::SeqCst))
+            });
             // A failed assertion below stops the server too, so the scope can end.
-            let stopper = StopOnDrop(&stop);
+            let stopper = StopOnDrop(stop);
+            // A request sent before the server posted its buffers would find none and be dropped.
+            ready_rx.recv_timeout(Duration::from_secs(20)).expect("the server posted its request buffers");
             let mut rpc = 0;
             for size in [64 << 10, 1 << 20] {
                 rpc += 1;
