@@ -454,13 +454,21 @@ fn run(cli: Cli) -> Result<(), String> {
             catch_signals();
             // A server started by `local` (`--exit-on-stdin-eof`): `local` checked the tunables
             // file and printed its warnings before starting it.
-            let node = Node::start(&NodeOptions {
+            // The request buffers go on before the NI comes up: no request can find none.
+            let mut posted = None;
+            let opts = NodeOptions {
                 nid,
                 tunables: common.tunables,
                 fabric: common.fabric,
                 port: common.port,
                 tunables_warnings: !exit_on_stdin_eof,
+            };
+            let node = Node::start_with(&opts, |lnet| {
+                posted = Some(server::post_requests(lnet)?);
+                Ok(())
             })?;
+            let posted = posted.ok_or("the request buffers were not posted")?;
+            println!("lnd-bench server ready on {nid}");
             let eof = std::sync::Arc::new(AtomicBool::new(false));
             if exit_on_stdin_eof {
                 let flag = eof.clone();
@@ -470,11 +478,8 @@ fn run(cli: Cli) -> Result<(), String> {
                     flag.store(true, Ordering::SeqCst);
                 });
             }
-            // `local` and scripts start clients on this line, so it comes once requests find a
-            // buffer.
-            let ready = || println!("lnd-bench server ready on {nid}");
             let counters =
-                server::serve(&node, ready, || STOP.load(Ordering::SeqCst) || eof.load(Ordering::SeqCst))?;
+                server::serve(&node, posted, || STOP.load(Ordering::SeqCst) || eof.load(Ordering::SeqCst))?;
             let f = node.lnd_stats().fabric;
             node.shutdown();
             eprintln!(

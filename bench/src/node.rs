@@ -131,6 +131,17 @@ pub(crate) fn bind_hint(e: &(dyn std::error::Error + 'static), ip: Ipv4Addr, por
 impl Node {
     /// Starts LNet and the LND on `opts.nid`.
     pub fn start(opts: &NodeOptions) -> Result<Node, String> {
+        Node::start_with(opts, |_| Ok(()))
+    }
+
+    /// Starts LNet, calls `before_ni` with it (to attach MEs: nothing can arrive yet), then
+    /// adds the NI and starts the LND. A server attaches its request buffers there, so that
+    /// no request finds none: one that no ME matches is dropped (lnet-shim has no lazy
+    /// portals).
+    pub fn start_with(
+        opts: &NodeOptions,
+        before_ni: impl FnOnce(&Lnet) -> Result<(), String>,
+    ) -> Result<Node, String> {
         let tunables = load_tunables(opts.tunables.as_deref(), &[opts.nid], opts.tunables_warnings)?;
         let fabric = match opts.fabric {
             Fabric::Soft => FabricChoice::Soft(SoftConfig { udp_port: opts.port, ..SoftConfig::default() }),
@@ -152,6 +163,7 @@ impl Node {
         let (credits, peer_credits) = (tunables.credits, tunables.peer_credits);
         let cfg = DriverConfig { nid: opts.nid, tunables, fabric, seed: None };
         let lnet = Lnet::new(LnetConfig::default()).map_err(|e| e.to_string())?;
+        before_ni(&lnet)?;
         let mut driver = None;
         lnet.add_ni(opts.nid, credits, peer_credits, |up| {
             let d = Arc::new(Driver::start(cfg, up)?);
@@ -201,5 +213,31 @@ mod tests {
         assert!(w.len() == 1 && w[0].starts_with("x.conf:2: options lnet networks"), "{w:?}");
         let parsed = Tunables::parse_str("x.conf", "options lnet networks=o2ib0(ib0)\n").unwrap();
         assert!(file_warnings(&parsed, &[nid]).is_empty());
+    }
+
+    /// `start_with`'s hook runs before the NI exists (so an ME it attaches is there before
+    /// any message can arrive), and its error ends the start with no NI added.
+    #[test]
+    fn the_hook_runs_before_the_ni_and_its_error_stops_the_start() {
+        let nid: Nid = "127.0.34.1@o2ib".parse().unwrap();
+        let port = 47_000 + (std::process::id() % 1000) as u16;
+        let opts = NodeOptions { nid, tunables: None, fabric: Fabric::Soft, port, tunables_warnings: false };
+        let mut seen = None;
+        let node = Node::start_with(&opts, |lnet| {
+            seen = Some(lnet.nids());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, Some(vec![]), "NIs when the hook ran");
+        assert_eq!(node.lnet.nids(), vec![nid]);
+        node.shutdown();
+        let mut ni_then = None;
+        let e = Node::start_with(&opts, |lnet| {
+            ni_then = Some(lnet.nids());
+            Err("hook failed".to_owned())
+        })
+        .err();
+        assert_eq!(e.as_deref(), Some("hook failed"));
+        assert_eq!(ni_then, Some(vec![]));
     }
 }

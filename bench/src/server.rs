@@ -88,34 +88,53 @@ struct Server<'a> {
     fast: Arc<Fast>,
 }
 
-/// Posts the request buffers, calls `ready()` (a request sent after that finds a buffer), then
-/// serves until `stop()` returns true (checked at least every 100 ms).
-pub fn serve(node: &Node, ready: impl FnOnce(), stop: impl Fn() -> bool) -> Result<ServerCounters, String> {
-    let mut s = Server {
-        node,
-        eq: EventQueue::new(1 << 16),
-        requests: Vec::new(),
-        pending: HashMap::new(),
-        replies: HashMap::new(),
-        next: 1,
-        counters: ServerCounters::default(),
-        fast: Arc::default(),
-    };
-    let reply_sink = counting_sink(&s.fast);
+/// A server's request buffers, attached and waiting for requests ([`post_requests`]).
+pub struct Posted {
+    eq: EventQueue,
+    requests: Vec<Arc<RequestSlot>>,
+    fast: Arc<Fast>,
+}
+
+/// Attaches a server's request buffers to `lnet`. Call it from [`Node::start_with`], before
+/// the NI comes up: a request that arrived before its buffer would match no ME and be dropped
+/// (lnet-shim has no lazy portals), and its client would wait for a reply until it timed out.
+/// Pings and small brw RPCs are answered from the buffers' callbacks from then on; the rest
+/// wait in a queue for [`serve`].
+pub fn post_requests(lnet: &Lnet) -> Result<Posted, String> {
+    let (eq, fast) = (EventQueue::new(1 << 16), Arc::<Fast>::default());
+    let reply_sink = counting_sink(&fast);
+    let mut requests = Vec::new();
     for i in 0..REQUEST_BUFFERS {
-        s.requests.push(Arc::new(RequestSlot {
-            lnet: node.lnet.clone(),
-            eq: s.eq.clone(),
-            fast: s.fast.clone(),
+        let slot = Arc::new(RequestSlot {
+            lnet: lnet.clone(),
+            eq: eq.clone(),
+            fast: fast.clone(),
             reply_sink: reply_sink.clone(),
             buf: Arc::new(Buffer::new(REQUEST_BUFFER_LEN)),
             sink: OnceLock::new(),
             queued: AtomicU64::new(0),
             unlinked: AtomicBool::new(false),
-        }));
-        s.post_request(i)?;
+        });
+        slot.post(i)?;
+        requests.push(slot);
     }
-    ready();
+    Ok(Posted { eq, requests, fast })
+}
+
+/// Serves the requests that land in `posted` (attached to `node`'s LNet) until `stop()`
+/// returns true (checked at least every 100 ms).
+pub fn serve(node: &Node, posted: Posted, stop: impl Fn() -> bool) -> Result<ServerCounters, String> {
+    let Posted { eq, requests, fast } = posted;
+    let mut s = Server {
+        node,
+        eq,
+        requests,
+        pending: HashMap::new(),
+        replies: HashMap::new(),
+        next: 1,
+        counters: ServerCounters::default(),
+        fast,
+    };
     while !stop() {
         let Some(ev) = s.eq.wait(Duration::from_millis(100)) else { continue };
         s.handle(ev);
@@ -124,10 +143,6 @@ pub fn serve(node: &Node, ready: impl FnOnce(), stop: impl Fn() -> bool) -> Resu
 }
 
 impl Server<'_> {
-    fn post_request(&self, i: u64) -> Result<(), String> {
-        self.requests.get(i as usize).ok_or("request buffer index")?.post(i)
-    }
-
     /// The counters, pings answered in the callback included.
     fn totals(&self) -> ServerCounters {
         ServerCounters {
@@ -589,16 +604,10 @@ mod process_tests {
         }
     }
 
-    fn node(nid: &str, port: u16) -> Node {
+    fn node_with(nid: &str, port: u16, before_ni: impl FnOnce(&Lnet) -> Result<(), String>) -> Node {
         let nid: Nid = nid.parse().unwrap();
-        Node::start(&NodeOptions {
-            nid,
-            tunables: None,
-            fabric: Fabric::Soft,
-            port,
-            tunables_warnings: false,
-        })
-        .unwrap()
+        let opts = NodeOptions { nid, tunables: None, fabric: Fabric::Soft, port, tunables_warnings: false };
+        Node::start_with(&opts, before_ni).unwrap()
     }
 
     /// Sends brw write RPC `rpc` of `size` bytes whose data is stamped with `stamped` while the
@@ -647,22 +656,21 @@ mod process_tests {
     #[test]
     fn corrupt_written_data_is_answered_corrupt_on_both_paths() {
         let port = 46_000 + (std::process::id() % 1000) as u16;
-        let server = node("127.0.33.1@o2ib", port);
-        let client = node("127.0.33.2@o2ib", port);
+        let mut posted = None;
+        let server = node_with("127.0.33.1@o2ib", port, |lnet| {
+            posted = Some(post_requests(lnet)?);
+            Ok(())
+        });
+        let posted = posted.unwrap();
+        let client = node_with("127.0.33.2@o2ib", port, |_| Ok(()));
         let target = ProcessId::new("127.0.33.1@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
         // One size on each path.
         const { assert!((64 << 10) <= proto::INLINE_CHECK_MAX && (1 << 20) > proto::INLINE_CHECK_MAX) };
         let stop = AtomicBool::new(false);
         let counters = std::thread::scope(|sc| {
-            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-            let (server, stop) = (&server, &stop);
-            let serving = sc.spawn(move || {
-                serve(server, move || ready_tx.send(()).unwrap(), || stop.load(Ordering::SeqCst))
-            });
+            let serving = sc.spawn(|| serve(&server, posted, || stop.load(Ordering::SeqCst)));
             // A failed assertion below stops the server too, so the scope can end.
-            let stopper = StopOnDrop(stop);
-            // A request sent before the server posted its buffers would find none and be dropped.
-            ready_rx.recv_timeout(Duration::from_secs(20)).expect("the server posted its request buffers");
+            let stopper = StopOnDrop(&stop);
             let mut rpc = 0;
             for size in [64 << 10, 1 << 20] {
                 rpc += 1;
