@@ -455,7 +455,6 @@ fn run(cli: Cli) -> Result<(), String> {
             // A server started by `local` (`--exit-on-stdin-eof`): `local` checked the tunables
             // file and printed its warnings before starting it.
             // The request buffers go on before the NI comes up: no request can find none.
-            let mut posted = None;
             let opts = NodeOptions {
                 nid,
                 tunables: common.tunables,
@@ -463,11 +462,7 @@ fn run(cli: Cli) -> Result<(), String> {
                 port: common.port,
                 tunables_warnings: !exit_on_stdin_eof,
             };
-            let node = Node::start_with(&opts, |lnet| {
-                posted = Some(server::post_requests(lnet)?);
-                Ok(())
-            })?;
-            let posted = posted.ok_or("the request buffers were not posted")?;
+            let (node, posted) = Node::start_with(&opts, server::post_requests)?;
             println!("lnd-bench server ready on {nid}");
             let eof = std::sync::Arc::new(AtomicBool::new(false));
             if exit_on_stdin_eof {

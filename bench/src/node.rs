@@ -131,17 +131,17 @@ pub(crate) fn bind_hint(e: &(dyn std::error::Error + 'static), ip: Ipv4Addr, por
 impl Node {
     /// Starts LNet and the LND on `opts.nid`.
     pub fn start(opts: &NodeOptions) -> Result<Node, String> {
-        Node::start_with(opts, |_| Ok(()))
+        Node::start_with(opts, |_| Ok(())).map(|(node, ())| node)
     }
 
     /// Starts LNet, calls `before_ni` with it (to attach MEs: nothing can arrive yet), then
-    /// adds the NI and starts the LND. A server attaches its request buffers there, so that
-    /// no request finds none: one that no ME matches is dropped (lnet-shim has no lazy
-    /// portals).
-    pub fn start_with(
+    /// adds the NI and starts the LND; the node and what `before_ni` returned. A server
+    /// attaches its request buffers there, so that no request finds none: one that no ME
+    /// matches is dropped (lnet-shim has no lazy portals).
+    pub fn start_with<T>(
         opts: &NodeOptions,
-        before_ni: impl FnOnce(&Lnet) -> Result<(), String>,
-    ) -> Result<Node, String> {
+        before_ni: impl FnOnce(&Lnet) -> Result<T, String>,
+    ) -> Result<(Node, T), String> {
         let tunables = load_tunables(opts.tunables.as_deref(), &[opts.nid], opts.tunables_warnings)?;
         let fabric = match opts.fabric {
             Fabric::Soft => FabricChoice::Soft(SoftConfig { udp_port: opts.port, ..SoftConfig::default() }),
@@ -163,7 +163,7 @@ impl Node {
         let (credits, peer_credits) = (tunables.credits, tunables.peer_credits);
         let cfg = DriverConfig { nid: opts.nid, tunables, fabric, seed: None };
         let lnet = Lnet::new(LnetConfig::default()).map_err(|e| e.to_string())?;
-        before_ni(&lnet)?;
+        let hooked = before_ni(&lnet)?;
         let mut driver = None;
         lnet.add_ni(opts.nid, credits, peer_credits, |up| {
             let d = Arc::new(Driver::start(cfg, up)?);
@@ -172,7 +172,7 @@ impl Node {
         })
         .map_err(|e| start_error(&e, opts))?;
         let driver = driver.ok_or("the LND did not start")?;
-        Ok(Node { lnet, driver, nid: opts.nid })
+        Ok((Node { lnet, driver, nid: opts.nid }, hooked))
     }
 
     /// This node's process id.
@@ -222,17 +222,12 @@ mod tests {
         let nid: Nid = "127.0.34.1@o2ib".parse().unwrap();
         let port = 47_000 + (std::process::id() % 1000) as u16;
         let opts = NodeOptions { nid, tunables: None, fabric: Fabric::Soft, port, tunables_warnings: false };
-        let mut seen = None;
-        let node = Node::start_with(&opts, |lnet| {
-            seen = Some(lnet.nids());
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(seen, Some(vec![]), "NIs when the hook ran");
+        let (node, seen) = Node::start_with(&opts, |lnet| Ok(lnet.nids())).unwrap();
+        assert_eq!(seen, vec![], "NIs when the hook ran");
         assert_eq!(node.lnet.nids(), vec![nid]);
         node.shutdown();
         let mut ni_then = None;
-        let e = Node::start_with(&opts, |lnet| {
+        let e = Node::start_with(&opts, |lnet| -> Result<(), String> {
             ni_then = Some(lnet.nids());
             Err("hook failed".to_owned())
         })

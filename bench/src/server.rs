@@ -604,7 +604,7 @@ mod process_tests {
         }
     }
 
-    fn node_with(nid: &str, port: u16, before_ni: impl FnOnce(&Lnet) -> Result<(), String>) -> Node {
+    fn node_with<T>(nid: &str, port: u16, before_ni: impl FnOnce(&Lnet) -> Result<T, String>) -> (Node, T) {
         let nid: Nid = nid.parse().unwrap();
         let opts = NodeOptions { nid, tunables: None, fabric: Fabric::Soft, port, tunables_warnings: false };
         Node::start_with(&opts, before_ni).unwrap()
@@ -656,13 +656,8 @@ mod process_tests {
     #[test]
     fn corrupt_written_data_is_answered_corrupt_on_both_paths() {
         let port = 46_000 + (std::process::id() % 1000) as u16;
-        let mut posted = None;
-        let server = node_with("127.0.33.1@o2ib", port, |lnet| {
-            posted = Some(post_requests(lnet)?);
-            Ok(())
-        });
-        let posted = posted.unwrap();
-        let client = node_with("127.0.33.2@o2ib", port, |_| Ok(()));
+        let (server, posted) = node_with("127.0.33.1@o2ib", port, post_requests);
+        let (client, ()) = node_with("127.0.33.2@o2ib", port, |_| Ok(()));
         let target = ProcessId::new("127.0.33.1@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
         // One size on each path.
         const { assert!((64 << 10) <= proto::INLINE_CHECK_MAX && (1 << 20) > proto::INLINE_CHECK_MAX) };
