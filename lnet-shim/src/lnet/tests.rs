@@ -1034,9 +1034,13 @@ fn credits_come_back_once_after_failed_sends() {
     let ghost = ProcessId::new("10.0.23.9@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
     let qa = EventQueue::new(64);
     let src = a.lnet.md_bind(Md::contiguous(buf(&[1; 64])).with_events(qa.clone()), Unlink::Retain).unwrap();
+    // Held in the LND until all five are in: otherwise its worker may fail the first before
+    // the others queue for the peer's credit, and the low-water mark depends on the timing.
+    a.lnd.pause();
     for _ in 0..5 {
         a.lnet.put(src, AckReq::Ack, ghost, PORTAL, 1, 0, 0).unwrap();
     }
+    a.lnd.resume();
     let ev = events(&qa, 10);
     assert!(ev.iter().all(|e| e.status == Err(Errno::EHOSTUNREACH)), "{ev:?}");
     assert!(a.lnet.wait_quiet(WAIT));
