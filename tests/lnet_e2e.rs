@@ -256,6 +256,65 @@ fn no_match_drop_is_seen_by_both_sides() {
     assert_eq!(sa.ni(a.nid).unwrap().counters.send_errors, 2, "{sa}");
 }
 
+/// A server's lazy request portal (`Lnet::set_lazy_portal`): PUTs that arrive before any buffer
+/// is posted, IMMEDIATE and by RDMA, wait in LNet and land, every byte, in the buffers posted
+/// after them; their ACKs come then. The same PUTs to a portal that is not lazy are dropped.
+#[test]
+fn puts_to_a_lazy_portal_wait_for_the_buffers_posted_after_them() {
+    let port = unique_port(0);
+    let (a, b) = (Node::start("127.0.0.14", port), Node::start("127.0.0.15", port));
+    b.lnet.set_lazy_portal(PORTAL).unwrap();
+    let (qa, qb) = (EventQueue::new(16), EventQueue::new(16));
+    let lens = [200usize, 1 << 20];
+    for (i, &len) in lens.iter().enumerate() {
+        let h = bind(&a, buf(&pattern(40 + i as u64, len)), 2, &qa);
+        a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, 40 + i as u64, 0, 0).unwrap();
+    }
+    // Both SENDs end well (the RDMA PUT's data is in the target's LNet); no ACK yet.
+    for _ in lens {
+        let e = next(&qa);
+        assert_eq!((e.kind, e.status), (EventKind::Send, Ok(())));
+    }
+    // The IMMEDIATE one is acknowledged by the device before LNet has seen it: wait until
+    // both wait there, for at most 1000 of the target's scheduler turns (each `stats` answer
+    // comes from a turn that began after the question).
+    let waiting = (0..1000).find_map(|_| {
+        b.driver.stats().expect("the scheduler answers");
+        Some(b.lnet.stats().lazy.waiting).filter(|&n| n == lens.len())
+    });
+    assert_eq!(waiting, Some(lens.len()), "the PUTs never all reached the lazy portal");
+    assert!(qa.wait(Duration::from_millis(100)).is_none(), "an ACK before the buffers were posted");
+    let sinks: Vec<Arc<Buffer>> = lens.iter().map(|&len| Arc::new(Buffer::new(len))).collect();
+    for (i, sink) in sinks.iter().enumerate() {
+        post(&b, 40 + i as u64, sink.clone(), MdOptions::OP_PUT, &qb);
+    }
+    for (i, &len) in lens.iter().enumerate() {
+        let e = next(&qb);
+        assert_eq!(
+            (e.kind, e.status, e.mlength, e.match_bits),
+            (EventKind::Put, Ok(()), len as u64, 40 + i as u64)
+        );
+        assert!(
+            sinks[i].to_vec(0, len).unwrap() == pattern(40 + i as u64, len),
+            "PUT of {len} bytes corrupt"
+        );
+        let ack = next(&qa);
+        assert_eq!((ack.kind, ack.status, ack.mlength), (EventKind::Ack, Ok(()), len as u64));
+    }
+    let s = b.lnet.stats();
+    assert_eq!((s.lazy.waiting, s.lazy.delayed, s.lazy.resumed), (0, 2, 2), "{s}");
+    assert_eq!(s.ni(b.nid).unwrap().drops.total(), 0, "{s}");
+    // Not lazy any more: the same PUTs are dropped, as on any portal.
+    b.lnet.clear_lazy_portal(PORTAL).unwrap();
+    for (i, &len) in lens.iter().enumerate() {
+        let h = bind(&a, buf(&pattern(50 + i as u64, len)), 2, &qa);
+        a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, 50 + i as u64, 0, 0).unwrap();
+        let (e1, e2) = (next(&qa), next(&qa));
+        assert!(e1.status == Err(Errno::ENODATA) || e2.status == Err(Errno::ENODATA), "{e1:?} {e2:?}");
+    }
+    assert_eq!(b.lnet.stats().ni(b.nid).unwrap().drops.no_match, 2);
+}
+
 /// Asks `n`'s schedulers for their counters until `done` holds (a bounded number of times:
 /// each answer comes from a scheduler turn that began after the previous question).
 fn until_engine(n: &Node, what: &str, done: impl Fn(&lnd::engine::EngineStats) -> bool) {

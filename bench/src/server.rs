@@ -95,12 +95,14 @@ pub struct Posted {
     fast: Arc<Fast>,
 }
 
-/// Attaches a server's request buffers to `lnet`. Call it from [`Node::start_with`], before
-/// the NI comes up: a request that arrived before its buffer would match no ME and be dropped
-/// (lnet-shim has no lazy portals), and its client would wait for a reply until it timed out.
-/// Pings and small brw RPCs are answered from the buffers' callbacks from then on; the rest
-/// wait in a queue for [`serve`].
+/// Makes [`REQUEST_PORTAL`] lazy and attaches a server's request buffers to `lnet`. Call it
+/// from [`Node::start_with`], before the NI comes up, so that the first requests find buffers
+/// posted. The portal is lazy, as ptlrpc's request portals are: a request that finds every
+/// buffer full waits in LNet until one is posted again, instead of being dropped (its client
+/// would wait for a reply until it timed out). Pings and small brw RPCs are answered from the
+/// buffers' callbacks from then on; the rest wait in a queue for [`serve`].
 pub fn post_requests(lnet: &Lnet) -> Result<Posted, String> {
+    lnet.set_lazy_portal(REQUEST_PORTAL).map_err(|e| e.to_string())?;
     let (eq, fast) = (EventQueue::new(1 << 16), Arc::<Fast>::default());
     let reply_sink = counting_sink(&fast);
     let mut requests = Vec::new();

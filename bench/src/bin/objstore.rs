@@ -322,8 +322,11 @@ fn configure(net: &NetArgs) -> Result<NodeConfig, ObjError> {
 }
 
 /// Starts LNet with one o2ib NI on the software fabric; LNet's credits are the tunables'
-/// `credits` and `peer_credits`, as with ko2iblnd.
-fn start_lnet(node: NodeConfig, port: u16) -> Result<Lnet, ObjError> {
+/// `credits` and `peer_credits`, as with ko2iblnd. With `lazy`, that portal is made lazy
+/// before the NI comes up (the server's request portal, as ptlrpc's: a request that arrives
+/// before the server has posted its buffers, or while they are all full, waits for one
+/// instead of being dropped).
+fn start_lnet(node: NodeConfig, port: u16, lazy: Option<u32>) -> Result<Lnet, ObjError> {
     let nid = node.nid;
     let (credits, peer_credits) = (node.tunables.credits, node.tunables.peer_credits);
     let config = DriverConfig {
@@ -333,6 +336,9 @@ fn start_lnet(node: NodeConfig, port: u16) -> Result<Lnet, ObjError> {
         seed: None,
     };
     let lnet = Lnet::new(LnetConfig::default())?;
+    if let Some(portal) = lazy {
+        lnet.set_lazy_portal(portal)?;
+    }
     lnet.add_ni(nid, credits, peer_credits, |up| {
         Driver::start(config, up).map(|d| Arc::new(d) as Arc<dyn Lnd>)
     })?;
@@ -657,7 +663,7 @@ fn run_server(args: &ServerArgs) -> Result<(), ObjError> {
         eprintln!("server: {n}");
     }
     let nid = node.nid;
-    let lnet = start_lnet(node, args.net.port)?;
+    let lnet = start_lnet(node, args.net.port, Some(REQUEST_PORTAL))?;
     let mut s = Server {
         lnet: lnet.clone(),
         dir: args.dir.clone(),
@@ -968,7 +974,7 @@ fn run_client(args: &ClientArgs) -> Result<(), ObjError> {
     let nid = node.nid;
     let own_net = [NetworkSpec { net: nid.net(), interfaces: Vec::new() }];
     let server_nid = resolve_nid(&args.server, &own_net)?;
-    let lnet = start_lnet(node, args.net.port)?;
+    let lnet = start_lnet(node, args.net.port, None)?;
     let mut c = Client {
         lnet: lnet.clone(),
         nid,

@@ -30,6 +30,9 @@
 //!   time (a callback may call back into `Lnet`). The event that makes an MD go away (auto-unlink
 //!   on exhaustion, or a deferred [`Lnet::md_unlink`]) carries `unlinked = true` and is the MD's
 //!   last; an MD unlinked while idle gets an [`EventKind::Unlink`] event.
+//! * **Lazy portals** ([`Lnet::set_lazy_portal`]): a PUT that matches nothing there waits, its
+//!   payload in LNet's keeping, and is matched again, oldest first, whenever an MD is
+//!   attached on the portal.  `lnet/lazy.rs` has the contract.
 //! * **Flow control** as LNet does it: a message handed to an LND takes one of the peer's
 //!   `peer_credits` and one of the NI's `credits`, and gives them back when the LND reports
 //!   `send_done`; without credits it waits in a FIFO per peer, then per NI. Current and minimum
@@ -42,10 +45,14 @@
 //!   every operation still waiting for a response with an `-ESHUTDOWN` event.
 //!
 //! # Deviations from LNet
-//! * No routing, no multi-rail selection, no lazy portals, no health-based resends, no response
+//! * No routing, no multi-rail selection, no health-based resends, no response
 //!   timeout (LNet's `lnet_transaction_timeout`): the LND's own timeouts bound transfers, and an
 //!   ACK that never comes (e.g. the target has `ACK_DISABLE`) is reported only at
 //!   [`Lnet::md_unlink`] (`-ECANCELED`) or shutdown (`-ESHUTDOWN`).
+//! * A PUT waiting on a lazy portal has its payload in LNet's keeping (at most
+//!   [`LnetConfig::lazy_max_bytes`] over all of them), not in its LND's receive buffer: the
+//!   LND and its credits are free meanwhile, and an RDMA PUT's SEND completes at the initiator
+//!   before the match (only its ACK waits for it).
 //! * A PUT with ACK reserves two of the MD's operations and a GET two (the operation and its
 //!   response) when it is started; LNet consumes the second when the response arrives. A
 //!   response is therefore never refused for lack of threshold, and an MD bound with exactly the
@@ -54,6 +61,7 @@
 //!   peer (LNet only checks the MD); anything else is dropped and counted as unexpected.
 //! * A message whose LND peer is not its LNet source (a routed message) is dropped.
 
+mod lazy;
 mod md;
 mod networks;
 mod ni;
@@ -68,6 +76,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::Duration;
 
+pub use lazy::{DEFAULT_LAZY_MAX_BYTES, LazyStats};
 pub use md::{MD_LENGTH_MAX, Md};
 pub use networks::{NetworkSpec, NetworksError, parse_networks, resolve_nid};
 pub use stats::{DropCounts, LnetStats, MsgCounters, NiStats, NiStatus, PeerStats};
@@ -81,6 +90,7 @@ use crate::matching::{
 };
 use crate::nid::{Net, Nid, ProcessId};
 
+use self::lazy::Lazy;
 use self::md::MdRecord;
 use self::ni::{CreditState, Ni};
 use self::recv::NiUpcalls;
@@ -109,11 +119,19 @@ pub struct LnetConfig {
     /// Number of portals (indices `0..portals`), 1 to [`PORTALS_MAX`] (4096). Default
     /// [`DEFAULT_PORTALS`] (64, Lustre's `MAX_PORTALS`).
     pub portals: usize,
+    /// The most payload bytes PUTs waiting on lazy portals may hold at once
+    /// ([`Lnet::set_lazy_portal`]); a PUT that would pass it is dropped. Default
+    /// [`DEFAULT_LAZY_MAX_BYTES`] (64 MiB); 0 makes every lazy portal drop as if it were not.
+    pub lazy_max_bytes: u64,
 }
 
 impl Default for LnetConfig {
     fn default() -> LnetConfig {
-        LnetConfig { pid: ProcessId::PID_LUSTRE, portals: DEFAULT_PORTALS }
+        LnetConfig {
+            pid: ProcessId::PID_LUSTRE,
+            portals: DEFAULT_PORTALS,
+            lazy_max_bytes: DEFAULT_LAZY_MAX_BYTES,
+        }
     }
 }
 
@@ -251,6 +269,9 @@ enum MsgKind {
     RecvGet { md: u64, template: Event, reply: Option<Box<ReplyTo>> },
     /// An incoming REPLY message into `md`, answering our GET `op`.
     RecvReply { md: u64, template: Event, op: u64 },
+    /// The data of a PUT that waits on lazy `portal` (its number `id`), arriving into LNet's
+    /// buffer ([`lazy`]).
+    RecvDelayed { portal: u32, id: u64 },
 }
 
 /// Where and how to acknowledge a received PUT.
@@ -350,6 +371,8 @@ struct State {
     awaiting: FastMap<u64, u64>,
     next_token: u64,
     nis: Vec<Ni>,
+    /// Lazy portals and the PUTs waiting on them.
+    lazy: Lazy,
 }
 
 /// The shared core of an [`Lnet`].
@@ -434,6 +457,7 @@ impl Lnet {
                 awaiting: FastMap::default(),
                 next_token: 1,
                 nis: Vec::new(),
+                lazy: Lazy::new(config.lazy_max_bytes),
             }),
             quiet: Condvar::new(),
             quiet_waiters: AtomicUsize::new(0),
@@ -526,10 +550,26 @@ impl Lnet {
 
     /// Attaches `md` to a match entry that has none (`LNetMDAttach`); with [`Unlink::Auto`] the
     /// MD unlinks itself when its threshold is used up (or `max_size` no longer fits).
+    ///
+    /// On a lazy portal ([`Lnet::set_lazy_portal`]) the PUTs waiting there are matched against
+    /// it at once, oldest first, and their events are delivered before this returns (unless an
+    /// event callback of this thread is running: then after it).
     pub fn md_attach(&self, me: MeHandle, md: Md, unlink: Unlink) -> Result<MdHandle, LnetError> {
         let mut st = self.inner.lock();
         st.check_running()?;
-        st.attach_md(me, md, unlink)
+        let h = st.attach_md(me, md, unlink)?;
+        self.resume_lazy(st, me);
+        Ok(h)
+    }
+
+    /// After an MD was attached to `me` (the lock `st` still held): the PUTs waiting on its
+    /// portal, if it is lazy and any wait, get their turn, under the same lock. Without any
+    /// (the common case) no event can follow and nothing more is done.
+    #[inline(always)]
+    fn resume_lazy(&self, st: MutexGuard<'_, State>, me: MeHandle) {
+        if !st.lazy.none_waiting() {
+            self.inner.run_locked(st, |st, work| st.resume_after_attach(me, work));
+        }
     }
 
     /// [`Lnet::me_attach`] and [`Lnet::md_attach`] in one step; nothing is left behind if
@@ -546,12 +586,49 @@ impl Lnet {
         md.validate(true)?;
         let me = st.table.me_attach(portal, entry)?;
         match st.attach_md(me, md, unlink) {
-            Ok(h) => Ok((me, h)),
+            Ok(h) => {
+                self.resume_lazy(st, me);
+                Ok((me, h))
+            }
             Err(e) => {
                 let _ = st.table.me_unlink(me);
                 Err(e)
             }
         }
+    }
+
+    /// Makes `portal` lazy (`LNetSetLazyPortal`): a PUT that matches no entry there waits for
+    /// one instead of being dropped.
+    ///
+    /// Its payload is taken into a buffer of LNet's at once (its LND finishes the message as
+    /// for any other), at most [`LnetConfig::lazy_max_bytes`] over all waiting PUTs; a PUT past
+    /// that is dropped (`DropCounts::lazy_full`). Every [`Lnet::md_attach`] or [`Lnet::attach`]
+    /// on the portal matches the waiting PUTs again, oldest first, and delivers those that
+    /// match as on arrival (PUT event, ACK); one the MD refuses for its length is dropped. GETs
+    /// that match nothing, and PUTs an MD refuses for their length, are dropped as on any
+    /// portal. [`LnetStats::lazy`] counts what waits.
+    ///
+    /// # Errors
+    ///
+    /// [`LnetError::Match`] for a portal out of range; [`LnetError::ShutDown`].
+    pub fn set_lazy_portal(&self, portal: u32) -> Result<(), LnetError> {
+        let mut st = self.inner.lock();
+        st.check_running()?;
+        Ok(st.set_lazy(portal)?)
+    }
+
+    /// Makes `portal` drop what matches nothing again (`LNetClearLazyPortal`); the PUTs
+    /// waiting there are dropped (counted as `lazy_discarded`; an IMMEDIATE PUT's initiator
+    /// waiting for an ACK gets the drop NAK). A portal that is not lazy is left as it is.
+    ///
+    /// # Errors
+    ///
+    /// [`LnetError::Match`] for a portal out of range; [`LnetError::ShutDown`].
+    pub fn clear_lazy_portal(&self, portal: u32) -> Result<(), LnetError> {
+        self.inner.run(|st, work| {
+            st.check_running()?;
+            Ok(st.clear_lazy(portal, work)?)
+        })
     }
 
     /// Unlinks a match entry and the MD attached to it, if any (`LNetMEUnlink`). The MD goes as
@@ -693,9 +770,15 @@ impl Inner {
     /// it there) and delivers its own events without going through the outbox; anything
     /// queued meanwhile is in the outbox, which it drains before letting go.
     fn run<R>(&self, f: impl FnOnce(&mut State, &mut Work) -> R) -> R {
+        self.run_locked(self.lock(), f)
+    }
+
+    /// [`Inner::run`] with the state lock already taken (`st`), for a call that learns under
+    /// the lock that it has events or sends to make.
+    fn run_locked<R>(&self, st: MutexGuard<'_, State>, f: impl FnOnce(&mut State, &mut Work) -> R) -> R {
         let mut work = Work::take();
         let (r, deliverer) = {
-            let mut st = self.lock();
+            let mut st = st;
             let r = f(&mut st, &mut work);
             if st.msgs.is_empty() && self.quiet_waiters.load(Ordering::Relaxed) > 0 {
                 self.quiet.notify_all();
@@ -921,6 +1004,7 @@ impl State {
     /// responses still awaited.
     fn abort_everything(&mut self, work: &mut Work) {
         self.fail_queued(work);
+        self.discard_delayed();
         let mut tokens: Vec<u64> = self.msgs.keys().copied().collect();
         tokens.sort_unstable();
         let e = LndError::new(Errno::ESHUTDOWN, Health::LocalDropped);
@@ -979,5 +1063,7 @@ fn event_template(
     }
 }
 
+#[cfg(test)]
+mod lazy_tests;
 #[cfg(test)]
 mod tests;

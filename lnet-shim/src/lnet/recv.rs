@@ -12,7 +12,7 @@ use super::{Msg, ni::CreditState};
 use crate::event::{Errno, EventKind};
 use crate::hdr::{AckMsg, GetMsg, LnetHdr, LnetMsg, PutMsg, ReplyMsg};
 use crate::lnd::{Frags, LndError, LndUpcalls, RecvDisposition, SendStatus, deliver_immediate};
-use crate::matching::{DropReason, MatchResult, MdOptions};
+use crate::matching::{DropReason, MatchResult, Matched, MdOptions};
 use crate::nid::{Nid, ProcessId};
 
 /// LNet's upcall object for one NI (what [`crate::Lnd`]s call). Holds LNet weakly: an LND never
@@ -65,7 +65,7 @@ impl LndUpcalls for NiUpcalls {
 }
 
 /// What `lnet_parse` made of an incoming message, before it is registered under a token.
-enum Parsed {
+pub(super) enum Parsed {
     Drop,
     Sink { frags: Frags, mlength: usize, msg: Msg },
     Source { frags: Frags, msg: Msg },
@@ -73,8 +73,12 @@ enum Parsed {
 
 /// Why an incoming message is dropped (counted per NI by reason).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum DropWhy {
+pub(super) enum DropWhy {
     Match(DropReason),
+    /// A PUT a lazy portal would have kept, but the bytes kept were at the limit.
+    LazyFull,
+    /// A PUT a lazy portal kept, discarded when the portal was cleared or LNet shut down.
+    LazyDiscarded,
     NotForMe,
     Routed,
     Unexpected,
@@ -133,7 +137,7 @@ impl State {
     }
 
     /// Counts a drop on the NI and the peer.
-    fn dropped(&mut self, ni: usize, from: Nid, bytes: u64, why: DropWhy) -> Parsed {
+    pub(super) fn dropped(&mut self, ni: usize, from: Nid, bytes: u64, why: DropWhy) -> Parsed {
         if let Some(n) = self.nis.get_mut(ni) {
             let d = &mut n.drops;
             match why {
@@ -144,6 +148,8 @@ impl State {
                 DropWhy::Routed => d.routed += 1,
                 DropWhy::Unexpected => d.unexpected += 1,
                 DropWhy::BadType => d.bad_type += 1,
+                DropWhy::LazyFull => d.lazy_full += 1,
+                DropWhy::LazyDiscarded => d.lazy_discarded += 1,
             }
             n.counters.drop_count += 1;
             n.counters.drop_bytes += bytes;
@@ -155,7 +161,7 @@ impl State {
     }
 
     /// Counts an accepted incoming message.
-    fn accepted(&mut self, ni: usize, from: Nid) {
+    pub(super) fn accepted(&mut self, ni: usize, from: Nid) {
         if let Some(n) = self.nis.get_mut(ni) {
             n.counters.recv_count += 1;
             n.peer_mut(from).counters.recv_count += 1;
@@ -163,7 +169,7 @@ impl State {
     }
 
     /// An incoming message, not registered yet.
-    fn new_recv(ni: usize, from: Nid, kind: MsgKind) -> Msg {
+    pub(super) fn new_recv(ni: usize, from: Nid, kind: MsgKind) -> Msg {
         Msg { ni, peer: from, credit: CreditState::None, queued: None, kind }
     }
 
@@ -185,23 +191,61 @@ impl State {
     ) -> Parsed {
         let rlength = u64::from(hdr.payload_length);
         let matched = self.table.match_put(hdr.src, p.ptl_index, p.match_bits, rlength, u64::from(p.offset));
-        let m = match matched {
-            MatchResult::Matched(m) => m,
-            MatchResult::Dropped(reason) => {
-                if !rdma && !p.ack_wmd.is_none() {
-                    // lnet-shim's drop NAK: tell the initiator its small PUT went nowhere.
-                    let ack = AckTo {
-                        to: hdr.src,
-                        me: hdr.dest,
-                        wmd: p.ack_wmd,
-                        match_bits: p.match_bits,
-                        mlength: DROP_NAK_MLENGTH,
-                    };
-                    self.send_ack(ni, ack, work);
+        match matched {
+            MatchResult::Matched(m) => self.accept_put(ni, from, hdr, p, rdma, m),
+            // A lazy portal keeps it until a match entry takes it (`super::lazy`).
+            MatchResult::Dropped(DropReason::NoMatch) if self.lazy.is_lazy(p.ptl_index) => {
+                match self.delay_put(ni, from, hdr, p, rdma) {
+                    Ok(parsed) => parsed,
+                    Err(why) => self.drop_put(ni, from, hdr, p, rdma, why, work),
                 }
-                return self.dropped(ni, from, rlength, DropWhy::Match(reason));
             }
-        };
+            MatchResult::Dropped(reason) => {
+                self.drop_put(ni, from, hdr, p, rdma, DropWhy::Match(reason), work)
+            }
+        }
+    }
+
+    /// Drops an incoming PUT for `why` and counts it; a small PUT (not `rdma`) that asked for
+    /// an ACK gets lnet-shim's drop NAK, so the initiator learns its PUT went nowhere (an RDMA
+    /// PUT's initiator hears it from the LND).
+    #[allow(clippy::too_many_arguments, reason = "the PUT and where it came from")]
+    pub(super) fn drop_put(
+        &mut self,
+        ni: usize,
+        from: Nid,
+        hdr: &LnetHdr,
+        p: PutMsg,
+        rdma: bool,
+        why: DropWhy,
+        work: &mut Work,
+    ) -> Parsed {
+        if !rdma && !p.ack_wmd.is_none() {
+            let ack = AckTo {
+                to: hdr.src,
+                me: hdr.dest,
+                wmd: p.ack_wmd,
+                match_bits: p.match_bits,
+                mlength: DROP_NAK_MLENGTH,
+            };
+            self.send_ack(ni, ack, work);
+        }
+        self.dropped(ni, from, u64::from(hdr.payload_length), why)
+    }
+
+    /// An incoming PUT that matched `m`: its sink in the MD and the message that finishes it
+    /// (the PUT event, the ACK).
+    #[inline(always)]
+    pub(super) fn accept_put(
+        &mut self,
+        ni: usize,
+        from: Nid,
+        hdr: &LnetHdr,
+        p: PutMsg,
+        rdma: bool,
+        m: Matched,
+    ) -> Parsed {
+        let rlength = u64::from(hdr.payload_length);
         let id = m.user_ptr;
         let Some(rec) = self.mds.get_mut(&id) else {
             return self.dropped(ni, from, rlength, DropWhy::Match(DropReason::NoMatch));
@@ -352,7 +396,12 @@ impl State {
     }
 
     /// The rest of `lnet_finalize` for a receive: its counters, events and response.
-    fn finish_recv(&mut self, msg: Msg, result: Result<usize, LndError>, work: &mut Work) {
+    pub(super) fn finish_recv(&mut self, msg: Msg, result: Result<usize, LndError>, work: &mut Work) {
+        if let MsgKind::RecvDelayed { portal, id } = msg.kind {
+            // A lazy portal's copy of a PUT is in (or failed): not a delivery yet.
+            self.delayed_arrived(portal, id, result, work);
+            return;
+        }
         let (ni, peer) = (msg.ni, msg.peer);
         if let Some(n) = self.nis.get_mut(ni) {
             let p = n.peer_mut(peer);
@@ -399,7 +448,11 @@ impl State {
                 }
                 self.response_event(md, op, EventKind::Reply, &t, status, work);
             }
-            MsgKind::Put { .. } | MsgKind::Get { .. } | MsgKind::Ack | MsgKind::Reply { .. } => {}
+            MsgKind::Put { .. }
+            | MsgKind::Get { .. }
+            | MsgKind::Ack
+            | MsgKind::Reply { .. }
+            | MsgKind::RecvDelayed { .. } => {}
         }
     }
 }

@@ -295,7 +295,10 @@ impl State {
             MsgKind::Reply { md, template } => {
                 self.md_event(md, EventKind::Get, &template, status, true, work);
             }
-            MsgKind::RecvPut { .. } | MsgKind::RecvGet { .. } | MsgKind::RecvReply { .. } => {}
+            MsgKind::RecvPut { .. }
+            | MsgKind::RecvGet { .. }
+            | MsgKind::RecvReply { .. }
+            | MsgKind::RecvDelayed { .. } => {}
         }
     }
 

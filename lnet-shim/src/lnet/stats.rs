@@ -63,6 +63,12 @@ pub struct DropCounts {
     pub unexpected: u64,
     /// A message type LNet does not take (HELLO).
     pub bad_type: u64,
+    /// A PUT a lazy portal would have kept, but the bytes waiting there were at
+    /// [`super::LnetConfig::lazy_max_bytes`].
+    pub lazy_full: u64,
+    /// A PUT that waited on a lazy portal, dropped when the portal was cleared or LNet shut
+    /// down.
+    pub lazy_discarded: u64,
 }
 
 impl DropCounts {
@@ -75,6 +81,8 @@ impl DropCounts {
             + self.routed
             + self.unexpected
             + self.bad_type
+            + self.lazy_full
+            + self.lazy_discarded
     }
 }
 
@@ -162,6 +170,8 @@ pub struct LnetStats {
     pub mds: usize,
     /// Messages LNet is working on (in an LND, waiting for credits, or being received).
     pub messages: usize,
+    /// Lazy portals and the PUTs waiting on them.
+    pub lazy: super::LazyStats,
 }
 
 impl LnetStats {
@@ -178,6 +188,7 @@ impl State {
             nis: self.nis.iter().map(ni_stats).collect(),
             mds: self.mds.len(),
             messages: self.msgs.len(),
+            lazy: self.lazy.stats(),
         }
     }
 }
@@ -233,14 +244,17 @@ impl fmt::Display for DropCounts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "no match {}, too long {}, bad portal {}, not for me {}, routed {}, unexpected {}, bad type {}",
+            "no match {}, too long {}, bad portal {}, not for me {}, routed {}, unexpected {}, bad type {}, \
+             lazy full {}, lazy discarded {}",
             self.no_match,
             self.too_long,
             self.bad_portal,
             self.not_for_me,
             self.routed,
             self.unexpected,
-            self.bad_type
+            self.bad_type,
+            self.lazy_full,
+            self.lazy_discarded
         )
     }
 }
@@ -305,6 +319,14 @@ impl fmt::Display for NiStats {
 impl fmt::Display for LnetStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "lnet pid {}: {} MDs, {} messages in progress", self.pid, self.mds, self.messages)?;
+        let l = &self.lazy;
+        if l.portals > 0 || l.delayed > 0 {
+            writeln!(
+                f,
+                "lazy portals {}: {} PUTs waiting ({} B), {} delayed, {} resumed",
+                l.portals, l.waiting, l.waiting_bytes, l.delayed, l.resumed
+            )?;
+        }
         for ni in &self.nis {
             write!(f, "{ni}")?;
         }

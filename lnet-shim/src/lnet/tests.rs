@@ -14,17 +14,17 @@ use crate::lnd::SendStatus;
 use crate::loopback::{LoopbackConfig, LoopbackLnd, LoopbackNet};
 use crate::matching::{ANY_PROCESS, MdOptions, Threshold};
 
-const WAIT: Duration = Duration::from_secs(20);
-const PORTAL: u32 = 4;
+pub(super) const WAIT: Duration = Duration::from_secs(20);
+pub(super) const PORTAL: u32 = 4;
 
-struct Node {
-    lnet: Lnet,
-    nid: Nid,
-    lnd: Arc<LoopbackLnd>,
+pub(super) struct Node {
+    pub(super) lnet: Lnet,
+    pub(super) nid: Nid,
+    pub(super) lnd: Arc<LoopbackLnd>,
 }
 
 impl Node {
-    fn pid(&self) -> ProcessId {
+    pub(super) fn pid(&self) -> ProcessId {
         ProcessId::new(self.nid, ProcessId::PID_LUSTRE)
     }
 }
@@ -42,11 +42,11 @@ fn node_with(net: &LoopbackNet, addr: &str, credits: u32, peer_credits: u32) -> 
     Node { lnet, nid, lnd: keep.unwrap() }
 }
 
-fn node(net: &LoopbackNet, addr: &str) -> Node {
+pub(super) fn node(net: &LoopbackNet, addr: &str) -> Node {
     node_with(net, addr, 256, 8)
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
+pub(super) fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..len)
         .map(|_| {
@@ -58,11 +58,11 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn buf(data: &[u8]) -> Arc<Buffer> {
+pub(super) fn buf(data: &[u8]) -> Arc<Buffer> {
     Arc::new(Buffer::from_slice(data))
 }
 
-fn next(q: &EventQueue) -> Event {
+pub(super) fn next(q: &EventQueue) -> Event {
     q.wait(WAIT).expect("an event within the wait")
 }
 
@@ -73,7 +73,7 @@ fn events(q: &EventQueue, n: usize) -> Vec<Event> {
     v
 }
 
-fn no_more(q: &EventQueue) {
+pub(super) fn no_more(q: &EventQueue) {
     assert_eq!(q.wait(Duration::from_millis(50)), None);
 }
 
