@@ -1,6 +1,7 @@
 //! The benchmark server: answers brw and ping RPCs until told to stop.
 //!
-//! Request buffers wait on [`REQUEST_PORTAL`] (any sender, any match bits), as ptlrpc's request
+//! Request buffers wait on [`REQUEST_PORTAL`] (any sender, any match bits; a lazy portal, so a
+//! request that finds them all full waits in LNet for the next), as ptlrpc's request
 //! buffer descriptors do: each is one MD with LNet's `MAX_SIZE` (every request gets
 //! [`REQUEST_BUF`] of room and lands right after the one before) and an infinite threshold, so
 //! a buffer takes many requests and is posted again only when it is full and every request in
