@@ -476,9 +476,10 @@ fn run(cli: Cli) -> Result<(), String> {
             let counters =
                 server::serve(&node, posted, || STOP.load(Ordering::SeqCst) || eof.load(Ordering::SeqCst))?;
             let f = node.lnd_stats().fabric;
+            let lazy = node.lnet.stats().lazy;
             node.shutdown();
             eprintln!(
-                "lnd-bench server: {} RPCs, {} errors, {} corrupt; same-host WRITEs placed {} (split {}, overlapped {}, streamed {}), retransmits {}; frames sent {}, ACKs piggybacked {}",
+                "lnd-bench server: {} RPCs, {} errors, {} corrupt; same-host WRITEs placed {} (split {}, overlapped {}, streamed {}), retransmits {}; frames sent {}, ACKs piggybacked {}; requests that waited for a buffer {}",
                 counters.rpcs,
                 counters.errors,
                 counters.corrupt,
@@ -488,7 +489,8 @@ fn run(cli: Cli) -> Result<(), String> {
                 f.placed_streamed,
                 f.retransmits,
                 f.tx_packets,
-                f.acks_piggybacked
+                f.acks_piggybacked,
+                lazy.delayed
             );
             Ok(())
         }
