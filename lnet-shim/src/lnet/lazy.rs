@@ -155,6 +155,20 @@ impl Lazy {
         self.waiting -= 1;
         Some(d)
     }
+
+    /// Takes every waiting PUT of `portal` whose data is in, oldest first (those still
+    /// arriving stay), and forgets a cleared portal left empty.
+    fn take_ready(&mut self, portal: u32) -> Vec<Delayed> {
+        let Some(p) = self.portals.get_mut(&portal) else { return Vec::new() };
+        let (ready, arriving): (Vec<Delayed>, Vec<Delayed>) = p.waiting.drain(..).partition(|d| d.ready);
+        p.waiting = arriving.into();
+        if !p.lazy && p.waiting.is_empty() {
+            self.portals.remove(&portal);
+        }
+        self.waiting -= ready.len();
+        self.bytes -= ready.iter().map(Delayed::len).sum::<u64>();
+        ready
+    }
 }
 
 /// Copies the first `mlength` bytes of `data` into `frags`.
@@ -186,21 +200,9 @@ impl State {
         self.check_portal(portal)?;
         let Some(p) = self.lazy.portals.get_mut(&portal) else { return Ok(()) };
         p.lazy = false;
-        let mut at = 0;
-        while let Some(ready) =
-            self.lazy.portals.get(&portal).and_then(|p| p.waiting.get(at)).map(|d| d.ready)
-        {
-            if !ready {
-                at += 1;
-                continue;
-            }
-            if let Some(d) = self.lazy.take(portal, at) {
-                // The LND is done with it: the drop NAK is LNet's to send (rdma = false).
-                self.drop_put(d.ni, d.from, &d.hdr, d.put, false, DropWhy::LazyDiscarded, work);
-            }
-        }
-        if self.lazy.portals.get(&portal).is_some_and(|p| p.waiting.is_empty()) {
-            self.lazy.portals.remove(&portal);
+        for d in self.lazy.take_ready(portal) {
+            // The LND is done with it: the drop NAK is LNet's to send (rdma = false).
+            self.drop_put(d.ni, d.from, &d.hdr, d.put, false, DropWhy::LazyDiscarded, work);
         }
         Ok(())
     }
@@ -322,9 +324,6 @@ impl State {
 
     /// After an MD was attached to match entry `me`: its portal's waiting PUTs get their turn.
     pub(super) fn resume_after_attach(&mut self, me: crate::matching::MeHandle, work: &mut Work) {
-        if self.lazy.portals.is_empty() {
-            return;
-        }
         if let Some((portal, _, _)) = self.table.me_status(me) {
             self.resume_delayed(portal, work);
         }
@@ -335,17 +334,8 @@ impl State {
     pub(super) fn discard_delayed(&mut self) {
         let portals: Vec<u32> = self.lazy.portals.keys().copied().collect();
         for portal in portals {
-            let mut at = 0;
-            while let Some(ready) =
-                self.lazy.portals.get(&portal).and_then(|p| p.waiting.get(at)).map(|d| d.ready)
-            {
-                if !ready {
-                    at += 1;
-                    continue;
-                }
-                if let Some(d) = self.lazy.take(portal, at) {
-                    self.dropped(d.ni, d.from, d.len(), DropWhy::LazyDiscarded);
-                }
+            for d in self.lazy.take_ready(portal) {
+                self.dropped(d.ni, d.from, d.len(), DropWhy::LazyDiscarded);
             }
         }
     }

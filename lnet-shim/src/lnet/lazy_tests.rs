@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::tests::{PORTAL, WAIT, buf, next, no_more, node, pattern};
+use super::tests::{PORTAL, ShutdownHookLnd, WAIT, buf, next, no_more, node, pattern};
 use super::*;
 use crate::buffer::Buffer;
 use crate::event::{EventKind, EventQueue};
@@ -15,50 +15,18 @@ use crate::lnd::{RecvDisposition, copy_to_frags};
 use crate::loopback::LoopbackNet;
 use crate::matching::{ANY_PROCESS, MdOptions, Threshold};
 
-/// An LND that keeps every send and runs a hook when it is shut down (an LND finishing a
-/// receive while LNet shuts it down).
-struct KeepingLnd {
-    nid: Nid,
-    sent: Mutex<Vec<LndSend>>,
-    on_shutdown: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-}
-
-impl Lnd for KeepingLnd {
-    fn nid(&self) -> Nid {
-        self.nid
-    }
-
-    fn send(&self, msg: LndSend) -> Result<(), LndError> {
-        self.sent.lock().unwrap().push(msg);
-        Ok(())
-    }
-
-    fn peers(&self) -> Vec<crate::lnd::PeerInfo> {
-        Vec::new()
-    }
-
-    fn close_peer(&self, _peer: Nid) {}
-
-    fn shutdown(&self) {
-        let hook = self.on_shutdown.lock().unwrap().take();
-        if let Some(hook) = hook {
-            hook();
-        }
-    }
-}
-
 /// One LNet whose LND keeps every send, with the NI's upcalls to play its peer.
 struct Target {
     lnet: Lnet,
     up: Arc<dyn LndUpcalls>,
-    lnd: Arc<KeepingLnd>,
+    lnd: Arc<ShutdownHookLnd>,
     me: ProcessId,
     peer: ProcessId,
 }
 
 fn target(lazy_max_bytes: u64) -> Target {
     let nid: Nid = "10.0.40.1@o2ib".parse().unwrap();
-    let lnd = Arc::new(KeepingLnd { nid, sent: Mutex::new(Vec::new()), on_shutdown: Mutex::new(None) });
+    let lnd = Arc::new(ShutdownHookLnd { nid, sent: Mutex::new(Vec::new()), on_shutdown: Mutex::new(None) });
     let lnet = Lnet::new(LnetConfig { lazy_max_bytes, ..LnetConfig::default() }).unwrap();
     let mut up = None;
     lnet.add_ni(nid, 8, 8, |u| {

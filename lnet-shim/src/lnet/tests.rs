@@ -1107,9 +1107,10 @@ fn an_immediate_payload_shorter_than_its_header_is_a_protocol_error() {
 
 /// An LND that keeps its sends and runs `on_shutdown` when shut down (an LND finishing a
 /// receive while LNet shuts it down).
-struct ShutdownHookLnd {
-    nid: Nid,
-    on_shutdown: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+pub(super) struct ShutdownHookLnd {
+    pub(super) nid: Nid,
+    pub(super) sent: std::sync::Mutex<Vec<LndSend>>,
+    pub(super) on_shutdown: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Lnd for ShutdownHookLnd {
@@ -1117,7 +1118,8 @@ impl Lnd for ShutdownHookLnd {
         self.nid
     }
 
-    fn send(&self, _msg: LndSend) -> Result<(), crate::lnd::LndError> {
+    fn send(&self, msg: LndSend) -> Result<(), crate::lnd::LndError> {
+        self.sent.lock().unwrap().push(msg);
         Ok(())
     }
 
@@ -1144,7 +1146,11 @@ impl Lnd for ShutdownHookLnd {
 fn a_get_whose_reply_cannot_be_sent_at_shutdown_ends_with_eshutdown() {
     let nid: Nid = "10.0.25.1@o2ib".parse().unwrap();
     let peer = ProcessId::new("10.0.25.2@o2ib".parse().unwrap(), ProcessId::PID_LUSTRE);
-    let lnd = Arc::new(ShutdownHookLnd { nid, on_shutdown: std::sync::Mutex::new(None) });
+    let lnd = Arc::new(ShutdownHookLnd {
+        nid,
+        sent: std::sync::Mutex::new(Vec::new()),
+        on_shutdown: std::sync::Mutex::new(None),
+    });
     let (lnet, up) = lnet_with_lnd(nid, lnd.clone());
     let q = EventQueue::new(8);
     let md = Md::contiguous(buf(&[3; 64])).with_options(MdOptions::OP_GET).with_events(q.clone());
@@ -1370,7 +1376,11 @@ fn a_shutdown_whose_lnd_panics_still_takes_lnet_down() {
     let lnet = Lnet::new(LnetConfig::default()).unwrap();
     lnet.add_ni(nid, 8, 8, |_| {
         let panics: Box<dyn FnOnce() + Send> = Box::new(|| panic!("the LND failed to shut down"));
-        let lnd = ShutdownHookLnd { nid, on_shutdown: std::sync::Mutex::new(Some(panics)) };
+        let lnd = ShutdownHookLnd {
+            nid,
+            sent: std::sync::Mutex::new(Vec::new()),
+            on_shutdown: std::sync::Mutex::new(Some(panics)),
+        };
         Ok::<_, std::io::Error>(Arc::new(lnd) as Arc<dyn Lnd>)
     })
     .unwrap();
