@@ -136,8 +136,8 @@ impl Node {
 
     /// Starts LNet, calls `before_ni` with it (to attach MEs: nothing can arrive yet), then
     /// adds the NI and starts the LND; the node and what `before_ni` returned. A server
-    /// attaches its request buffers there, so that no request finds none: one that no ME
-    /// matches is dropped (lnet-shim has no lazy portals).
+    /// makes its request portal lazy and attaches its request buffers there, so that the first
+    /// requests find buffers posted.
     pub fn start_with<T>(
         opts: &NodeOptions,
         before_ni: impl FnOnce(&Lnet) -> Result<T, String>,
