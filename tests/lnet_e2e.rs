@@ -40,7 +40,12 @@ impl Node {
     }
 
     /// A node with these tunables.
-    fn start_tuned(addr: &str, port: u16, mut tunables: Tunables) -> Node {
+    fn start_tuned(addr: &str, port: u16, tunables: Tunables) -> Node {
+        Node::start_lnet(addr, port, tunables, LnetConfig::default())
+    }
+
+    /// A node with these tunables and this LNet configuration.
+    fn start_lnet(addr: &str, port: u16, mut tunables: Tunables, lnet_config: LnetConfig) -> Node {
         let nid: Nid = format!("{addr}@o2ib").parse().unwrap();
         tunables.finalize().unwrap();
         let (credits, peer_credits) = (tunables.credits, tunables.peer_credits);
@@ -50,7 +55,7 @@ impl Node {
             fabric: FabricChoice::Soft(SoftConfig { udp_port: port, ..SoftConfig::default() }),
             seed: None,
         };
-        let lnet = Lnet::new(LnetConfig::default()).unwrap();
+        let lnet = Lnet::new(lnet_config).unwrap();
         let mut driver = None;
         lnet.add_ni(nid, credits, peer_credits, |up| {
             let d = Arc::new(Driver::start(config, up)?);
@@ -254,6 +259,51 @@ fn no_match_drop_is_seen_by_both_sides() {
     assert_eq!(ni.counters.drop_bytes, 100 + (1 << 20), "{s}");
     let sa = a.lnet.stats();
     assert_eq!(sa.ni(a.nid).unwrap().counters.send_errors, 2, "{sa}");
+}
+
+/// Response timeouts over the real o2iblnd: PUTs whose target never acknowledges (its MD has
+/// `ACK_DISABLE`), IMMEDIATE and by RDMA, land at the target, and the initiator's LNet gives
+/// their ACKs up after its transaction timeout with `-ETIMEDOUT`, unlinking the MDs. The
+/// connection is untouched: a PUT with ACK afterwards is acknowledged as usual.
+#[test]
+fn acks_that_never_come_time_out_and_the_connection_goes_on() {
+    let port = unique_port(0);
+    let quick = LnetConfig { transaction_timeout: Some(Duration::from_millis(300)), ..LnetConfig::default() };
+    let a = Node::start_lnet("127.0.0.16", port, Tunables::default(), quick);
+    let b = Node::start("127.0.0.17", port);
+    let (qa, qb) = (EventQueue::new(16), EventQueue::new(16));
+    for (i, len) in [200usize, 1 << 20].into_iter().enumerate() {
+        let bits = 40 + i as u64;
+        let sink = Arc::new(Buffer::new(len));
+        post(&b, bits, sink.clone(), MdOptions::OP_PUT | MdOptions::ACK_DISABLE, &qb);
+        let data = pattern(bits, len);
+        let h = a.lnet.md_bind(Md::contiguous(buf(&data)).with_events(qa.clone()), Unlink::Retain).unwrap();
+        a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, bits, 0, 0).unwrap();
+        let put = next(&qb);
+        assert_eq!((put.kind, put.status, put.mlength), (EventKind::Put, Ok(()), len as u64));
+        assert!(sink.to_vec(0, len).unwrap() == data, "PUT of {len} bytes corrupt");
+        let send = next(&qa);
+        assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())), "len {len}");
+        let ack = next(&qa);
+        assert_eq!(
+            (ack.kind, ack.status, ack.md_handle),
+            (EventKind::Ack, Err(Errno::ETIMEDOUT), h),
+            "len {len}"
+        );
+        let unlink = next(&qa);
+        assert_eq!((unlink.kind, unlink.unlinked), (EventKind::Unlink, true), "len {len}");
+    }
+    assert_eq!(a.lnet.stats().response_timeouts, 2);
+    let sink = Arc::new(Buffer::new(100));
+    post(&b, 50, sink, MdOptions::OP_PUT, &qb);
+    a.lnet.put(bind(&a, buf(&[9; 100]), 2, &qa), AckReq::Ack, b.pid(), PORTAL, 50, 0, 0).unwrap();
+    let (send, ack) = (next(&qa), next(&qa));
+    assert_eq!(
+        (send.kind, send.status, ack.kind, ack.status),
+        (EventKind::Send, Ok(()), EventKind::Ack, Ok(()))
+    );
+    assert_eq!(next(&qb).kind, EventKind::Put);
+    assert_eq!(a.lnet.stats().response_timeouts, 2);
 }
 
 /// A server's lazy request portal (`Lnet::set_lazy_portal`): PUTs that arrive before any buffer

@@ -229,7 +229,7 @@ pub fn measure_matrix(args: &LocalArgs, matrix: &[Case]) -> Result<(Vec<Row>, bo
     }
     // The tunables file is checked here, once: a bad one is one line before any process
     // starts, and its warnings are printed once (not by the server and the client each).
-    crate::node::load_tunables(args.tunables.as_deref(), &[args.server, args.client], true)?;
+    crate::node::load_config(args.tunables.as_deref(), &[args.server, args.client], true)?;
     let server = ServerProcess::start(args.server, args.tunables.as_deref(), args.fabric, args.port)?;
     let node = Node::start(&NodeOptions {
         nid: args.client,

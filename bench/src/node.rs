@@ -50,11 +50,12 @@ pub struct Node {
     pub nid: Nid,
 }
 
-/// Reads the tunables (the file, or the built-in defaults); with `warn`, prints the file's
+/// Reads the tunables (the file, or the built-in defaults) and LNet's configuration from its
+/// `options lnet` lines (`lnet_transaction_timeout`); with `warn`, prints the file's
 /// warnings to stderr, and one for each of `nids` whose network the file's
 /// `options lnet networks=` leaves out (lnd-bench runs on the NIDs it is given, so such a
 /// line is not what it uses).
-pub fn load_tunables(path: Option<&str>, nids: &[Nid], warn: bool) -> Result<Tunables, String> {
+pub fn load_config(path: Option<&str>, nids: &[Nid], warn: bool) -> Result<(Tunables, LnetConfig), String> {
     let parsed = match path {
         Some(p) => Tunables::load(Path::new(p)).map_err(|e| e.to_string())?,
         None => {
@@ -66,7 +67,8 @@ pub fn load_tunables(path: Option<&str>, nids: &[Nid], warn: bool) -> Result<Tun
             eprintln!("lnd-bench: warning: {w}");
         }
     }
-    Ok(parsed.tunables)
+    let lnet = parsed.lnet_config().map_err(|e| e.to_string())?;
+    Ok((parsed.tunables, lnet))
 }
 
 /// The warnings of a tunables file: its own, then one for each of `nids` whose network its
@@ -142,7 +144,8 @@ impl Node {
         opts: &NodeOptions,
         before_ni: impl FnOnce(&Lnet) -> Result<T, String>,
     ) -> Result<(Node, T), String> {
-        let tunables = load_tunables(opts.tunables.as_deref(), &[opts.nid], opts.tunables_warnings)?;
+        let (tunables, lnet_config) =
+            load_config(opts.tunables.as_deref(), &[opts.nid], opts.tunables_warnings)?;
         let fabric = match opts.fabric {
             Fabric::Soft => FabricChoice::Soft(SoftConfig { udp_port: opts.port, ..SoftConfig::default() }),
             #[cfg(feature = "verbs")]
@@ -162,7 +165,7 @@ impl Node {
         };
         let (credits, peer_credits) = (tunables.credits, tunables.peer_credits);
         let cfg = DriverConfig { nid: opts.nid, tunables, fabric, seed: None };
-        let lnet = Lnet::new(LnetConfig::default()).map_err(|e| e.to_string())?;
+        let lnet = Lnet::new(lnet_config).map_err(|e| e.to_string())?;
         let hooked = before_ni(&lnet)?;
         let mut driver = None;
         lnet.add_ni(opts.nid, credits, peer_credits, |up| {
@@ -213,6 +216,27 @@ mod tests {
         assert!(w.len() == 1 && w[0].starts_with("x.conf:2: options lnet networks"), "{w:?}");
         let parsed = Tunables::parse_str("x.conf", "options lnet networks=o2ib0(ib0)\n").unwrap();
         assert!(file_warnings(&parsed, &[nid]).is_empty());
+    }
+
+    /// `options lnet lnet_transaction_timeout=` in the tunables file reaches LNet; a bad value
+    /// stops the start with its place in the file; without a file, LNet's default.
+    #[test]
+    fn the_tunables_file_sets_lnets_transaction_timeout() {
+        let dir = std::env::temp_dir().join(format!("lnd-bench-node-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.conf");
+        std::fs::write(&good, "options ko2iblnd peer_credits=16\noptions lnet lnet_transaction_timeout=7\n")
+            .unwrap();
+        let bad = dir.join("bad.conf");
+        std::fs::write(&bad, "options lnet lnet_transaction_timeout=0\n").unwrap();
+        let nid: Nid = "127.0.0.1@o2ib".parse().unwrap();
+        let (t, lnet) = load_config(good.to_str(), &[nid], false).unwrap();
+        assert_eq!((t.peer_credits, lnet.transaction_timeout), (16, Some(std::time::Duration::from_secs(7))));
+        let e = load_config(bad.to_str(), &[nid], false).unwrap_err();
+        assert!(e.contains("bad.conf:1: lnet_transaction_timeout=0: out of range"), "{e}");
+        let (_, lnet) = load_config(None, &[nid], false).unwrap();
+        assert_eq!(lnet.transaction_timeout, Some(lnet_shim::DEFAULT_TRANSACTION_TIMEOUT));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// `start_with`'s hook runs before the NI exists (so an ME it attaches is there before

@@ -86,9 +86,9 @@ pub use lnd::{
     SendStatus, frags_len,
 };
 pub use lnet::{
-    AckReq, DEFAULT_LAZY_MAX_BYTES, DROP_NAK_MLENGTH, DropCounts, LazyStats, Lnet, LnetConfig, LnetError,
-    LnetStats, MD_LENGTH_MAX, Md, MsgCounters, NetworkSpec, NetworksError, NiStats, NiStatus, PeerStats,
-    parse_networks, resolve_nid,
+    AckReq, DEFAULT_LAZY_MAX_BYTES, DEFAULT_TRANSACTION_TIMEOUT, DROP_NAK_MLENGTH, DropCounts, LazyStats,
+    Lnet, LnetConfig, LnetError, LnetStats, MD_LENGTH_MAX, Md, MsgCounters, NetworkSpec, NetworksError,
+    NiStats, NiStatus, PeerStats, parse_networks, resolve_nid,
 };
 pub use loopback::{LoopbackConfig, LoopbackError, LoopbackLnd, LoopbackNet};
 pub use matching::{

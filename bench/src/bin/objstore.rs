@@ -294,12 +294,14 @@ fn object_data(nid: Nid, object: u64, len: usize) -> Vec<u8> {
 struct NodeConfig {
     nid: Nid,
     tunables: Tunables,
+    /// From the file's `options lnet` lines (`lnet_transaction_timeout`).
+    lnet: LnetConfig,
     notes: Vec<String>,
 }
 
 fn configure(net: &NetArgs) -> Result<NodeConfig, ObjError> {
     let mut notes = Vec::new();
-    let (tunables, networks) = match &net.tunables {
+    let (tunables, lnet, networks) = match &net.tunables {
         Some(path) => {
             let parsed = Tunables::load(path)?;
             for w in &parsed.warnings {
@@ -309,16 +311,17 @@ fn configure(net: &NetArgs) -> Result<NodeConfig, ObjError> {
                 Some(v) => parse_networks(&v)?,
                 None => Vec::new(),
             };
-            (parsed.tunables, networks)
+            let lnet = parsed.lnet_config()?;
+            (parsed.tunables, lnet, networks)
         }
         None => {
             let mut t = Tunables::default();
             t.finalize()?;
-            (t, Vec::new())
+            (t, LnetConfig::default(), Vec::new())
         }
     };
     let nid = resolve_nid(&net.nid, &networks)?;
-    Ok(NodeConfig { nid, tunables, notes })
+    Ok(NodeConfig { nid, tunables, lnet, notes })
 }
 
 /// Starts LNet with one o2ib NI on the software fabric; LNet's credits are the tunables'
@@ -335,7 +338,7 @@ fn start_lnet(node: NodeConfig, port: u16, lazy: Option<u32>) -> Result<Lnet, Ob
         fabric: FabricChoice::Soft(SoftConfig { udp_port: port, ..SoftConfig::default() }),
         seed: None,
     };
-    let lnet = Lnet::new(LnetConfig::default())?;
+    let lnet = Lnet::new(node.lnet)?;
     if let Some(portal) = lazy {
         lnet.set_lazy_portal(portal)?;
     }

@@ -230,6 +230,38 @@ impl ParsedConfig {
         let key = key.replace('-', "_");
         self.lnet_options.iter().rev().find(|o| o.normalized_key() == key)
     }
+
+    /// LNet's configuration ([`lnet_shim::LnetConfig`], defaults elsewhere) with what the
+    /// file's `options lnet` parameters set of it: `lnet_transaction_timeout` (seconds, 1 to
+    /// 2^31 - 1, LNet's default 150: how long an ACK or REPLY is waited for). The
+    /// others (`networks`, ...) are the caller's to read.
+    pub fn lnet_config(&self) -> Result<lnet_shim::LnetConfig, TunablesError> {
+        let mut config = lnet_shim::LnetConfig::default();
+        if let Some(o) = self.lnet_option("lnet_transaction_timeout") {
+            let key = o.normalized_key();
+            let Some(value) = o.value.clone() else {
+                return Err(TunablesError::MissingValue { at: o.at.clone(), key });
+            };
+            let secs = match params::parse_c_int(&value) {
+                params::CInt::Ok(n) => n,
+                params::CInt::Overflow => i64::MAX,
+                params::CInt::Invalid => {
+                    return Err(TunablesError::InvalidInteger { at: o.at.clone(), key, value });
+                }
+            };
+            let secs = u64::try_from(secs).ok().filter(|s| (1..=i64::from(i32::MAX) as u64).contains(s));
+            let Some(secs) = secs else {
+                return Err(TunablesError::OutOfRange {
+                    at: o.at.clone(),
+                    key,
+                    value,
+                    allowed: "1 to 2147483647 seconds",
+                });
+            };
+            config.transaction_timeout = Some(std::time::Duration::from_secs(secs));
+        }
+        Ok(config)
+    }
 }
 
 impl Tunables {

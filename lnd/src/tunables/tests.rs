@@ -1355,3 +1355,43 @@ fn accept_nids_is_a_comma_separated_nid_list_and_empty_accepts_everyone() {
     assert!(e.to_string().contains("accept_nids"), "{e}");
     assert!(e.to_string().contains("not a comma-separated list of NIDs"), "{e}");
 }
+
+/// `options lnet lnet_transaction_timeout=N` sets LNet's response timeout (seconds); LNet's
+/// default without it; a bad value is refused with its place in the file.
+#[test]
+fn the_lnet_transaction_timeout_comes_from_options_lnet() {
+    use std::time::Duration;
+    let timeout = |text: &str| {
+        Tunables::parse_str("t.conf", text).unwrap().lnet_config().map(|c| c.transaction_timeout)
+    };
+    assert_eq!(timeout("options ko2iblnd peer_credits=16\n").unwrap(), Some(Duration::from_secs(150)));
+    assert_eq!(timeout("options lnet lnet_transaction_timeout=30\n").unwrap(), Some(Duration::from_secs(30)));
+    assert_eq!(
+        timeout("options lnet lnet-transaction-timeout=100 networks=o2ib0(lo)\noptions lnet lnet_transaction_timeout=0x10\n").unwrap(),
+        Some(Duration::from_secs(16))
+    );
+    for (text, want) in [
+        (
+            "options lnet lnet_transaction_timeout=0\n",
+            "t.conf:1: lnet_transaction_timeout=0: out of range (allowed: 1 to 2147483647 seconds)",
+        ),
+        (
+            "options lnet lnet_transaction_timeout=-5\n",
+            "t.conf:1: lnet_transaction_timeout=-5: out of range (allowed: 1 to 2147483647 seconds)",
+        ),
+        (
+            "\noptions lnet lnet_transaction_timeout=2147483648\n",
+            "t.conf:2: lnet_transaction_timeout=2147483648: out of range (allowed: 1 to 2147483647 seconds)",
+        ),
+        (
+            "options lnet lnet_transaction_timeout=1s\n",
+            "t.conf:1: lnet_transaction_timeout=1s: not an integer",
+        ),
+    ] {
+        assert_eq!(timeout(text).unwrap_err().to_string(), want, "{text}");
+    }
+    assert!(matches!(
+        timeout("options lnet lnet_transaction_timeout\n"),
+        Err(TunablesError::MissingValue { .. })
+    ));
+}

@@ -130,6 +130,8 @@ pub(super) struct Pending {
     pub(super) match_bits: u64,
     /// The response event, to be completed.
     pub(super) template: Event,
+    /// Monitor sweeps it has waited through (`lnet/timeout.rs`).
+    pub(super) sweeps: u8,
 }
 
 /// A response event that arrived before its operation's SEND event; it is emitted right
@@ -351,9 +353,11 @@ impl State {
     }
 
     /// Unlinks MD `id` (already removed from the portal table): outstanding responses end with
-    /// `-ECANCELED` (after their operation's SEND event if that is still to come: the
-    /// response stays the operation's last event); an idle MD goes at once with an UNLINK event.
-    pub(super) fn unlink_md(&mut self, id: u64, work: &mut Work) {
+    /// `errno` (`-ECANCELED` for [`Lnet::md_unlink`](super::Lnet::md_unlink), `-ETIMEDOUT`
+    /// for a response timeout), after their operation's SEND event if that is still to come
+    /// (the response stays the operation's last event); an idle MD goes at once with an
+    /// UNLINK event.
+    pub(super) fn unlink_md(&mut self, id: u64, errno: Errno, work: &mut Work) {
         match self.mds.get_mut(&id) {
             Some(rec) => rec.unlinked = true,
             None => return,
@@ -363,7 +367,7 @@ impl State {
                 // Still sending (a PUT's payload may still be read, a GET's reply still
                 // written): cancelled, but reported after the SEND, by `release_held`.
                 if let Some(rec) = self.mds.get_mut(&id) {
-                    let status = Err(Errno::ECANCELED);
+                    let status = Err(errno);
                     rec.held.push(Held { op: p.op, kind: p.kind, template: p.template, status });
                 }
                 continue;
@@ -374,7 +378,7 @@ impl State {
                 if let Some(sink) = &rec.events {
                     let mut ev = p.template;
                     ev.kind = p.kind;
-                    ev.status = Err(Errno::ECANCELED);
+                    ev.status = Err(errno);
                     ev.md_handle = MdHandle::from_cookie(id);
                     ev.user_ptr = rec.user_ptr;
                     work.events.push((sink.clone(), ev));

@@ -30,6 +30,10 @@
 //!   time (a callback may call back into `Lnet`). The event that makes an MD go away (auto-unlink
 //!   on exhaustion, or a deferred [`Lnet::md_unlink`]) carries `unlinked = true` and is the MD's
 //!   last; an MD unlinked while idle gets an [`EventKind::Unlink`] event.
+//! * **Response timeouts** ([`LnetConfig::transaction_timeout`], 150 s by default): an ACK or
+//!   REPLY still outstanding that long after its operation started is given up by LNet's
+//!   monitor thread; the MD is unlinked and its responses end with `-ETIMEDOUT`.
+//!   `lnet/timeout.rs` has the contract.
 //! * **Lazy portals** ([`Lnet::set_lazy_portal`]): a PUT that matches nothing there waits, its
 //!   payload in LNet's keeping, and is matched again, oldest first, whenever an MD is
 //!   attached on the portal.  `lnet/lazy.rs` has the contract.
@@ -45,10 +49,8 @@
 //!   every operation still waiting for a response with an `-ESHUTDOWN` event.
 //!
 //! # Deviations from LNet
-//! * No routing, no multi-rail selection, no health-based resends, no response
-//!   timeout (LNet's `lnet_transaction_timeout`): the LND's own timeouts bound transfers, and an
-//!   ACK that never comes (e.g. the target has `ACK_DISABLE`) is reported only at
-//!   [`Lnet::md_unlink`] (`-ECANCELED`) or shutdown (`-ESHUTDOWN`).
+//! * No routing, no multi-rail selection, no health-based resends. Response timeouts count
+//!   per outstanding response rather than per MD (`lnet/timeout.rs`).
 //! * A PUT waiting on a lazy portal has its payload in LNet's keeping (at most
 //!   [`LnetConfig::lazy_max_bytes`] over all of them), not in its LND's receive buffer: the
 //!   LND and its credits are free meanwhile, and an RDMA PUT's SEND completes at the initiator
@@ -68,6 +70,7 @@ mod ni;
 mod recv;
 mod send;
 mod stats;
+mod timeout;
 
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
@@ -80,6 +83,7 @@ pub use lazy::{DEFAULT_LAZY_MAX_BYTES, LazyStats};
 pub use md::{MD_LENGTH_MAX, Md};
 pub use networks::{NetworkSpec, NetworksError, parse_networks, resolve_nid};
 pub use stats::{DropCounts, LnetStats, MsgCounters, NiStats, NiStatus, PeerStats};
+pub use timeout::DEFAULT_TRANSACTION_TIMEOUT;
 
 use crate::event::{Errno, Event, EventKind, EventSink};
 use crate::hash::FastMap;
@@ -94,6 +98,7 @@ use self::lazy::Lazy;
 use self::md::MdRecord;
 use self::ni::{CreditState, Ni};
 use self::recv::NiUpcalls;
+use self::timeout::Monitor;
 
 /// The `mlength` of an lnet-shim "drop NAK": an ACK saying that the PUT it answers was dropped
 /// by the target (no match, too long, ...). The initiator's ACK event then carries
@@ -123,6 +128,11 @@ pub struct LnetConfig {
     /// ([`Lnet::set_lazy_portal`]); a PUT that would pass it is dropped. Default
     /// [`DEFAULT_LAZY_MAX_BYTES`] (64 MiB); 0 makes every lazy portal drop as if it were not.
     pub lazy_max_bytes: u64,
+    /// How long an ACK or REPLY is waited for before its MD is unlinked and the response
+    /// ends with `-ETIMEDOUT` (LNet's `lnet_transaction_timeout`; `lnet/timeout.rs` has the
+    /// contract). Default [`DEFAULT_TRANSACTION_TIMEOUT`] (150 s); `None` waits forever (as
+    /// kernel LNet with `lnet_response_tracking=0`).
+    pub transaction_timeout: Option<Duration>,
 }
 
 impl Default for LnetConfig {
@@ -131,6 +141,7 @@ impl Default for LnetConfig {
             pid: ProcessId::PID_LUSTRE,
             portals: DEFAULT_PORTALS,
             lazy_max_bytes: DEFAULT_LAZY_MAX_BYTES,
+            transaction_timeout: Some(DEFAULT_TRANSACTION_TIMEOUT),
         }
     }
 }
@@ -145,6 +156,12 @@ pub enum LnetError {
         /// The number asked for.
         portals: usize,
     },
+    /// [`LnetConfig::transaction_timeout`] of zero.
+    #[error("a transaction timeout of zero: give a positive duration, or none to wait for responses forever")]
+    BadTransactionTimeout,
+    /// The monitor thread (response timeouts) could not be started.
+    #[error("cannot start LNet's monitor thread: {0}")]
+    Monitor(#[source] std::io::Error),
     /// [`Lnet::shutdown`] has run (or is running).
     #[error("LNet is shut down")]
     ShutDown,
@@ -373,6 +390,8 @@ struct State {
     nis: Vec<Ni>,
     /// Lazy portals and the PUTs waiting on them.
     lazy: Lazy,
+    /// Responses given up after the transaction timeout (`lnet/timeout.rs`).
+    response_timeouts: u64,
 }
 
 /// The shared core of an [`Lnet`].
@@ -394,6 +413,8 @@ struct Inner {
     outbox_len: AtomicUsize,
     /// Held by the one thread delivering events; its batch.
     delivering: Mutex<VecDeque<(EventSink, Event)>>,
+    /// The monitor thread, when responses time out (set once, right after creation).
+    monitor: std::sync::OnceLock<Monitor>,
 }
 
 /// The delivery lock, held by the thread that delivers events (its batch inside).
@@ -437,6 +458,9 @@ impl Lnet {
         if !(1..=PORTALS_MAX).contains(&config.portals) {
             return Err(LnetError::BadPortals { portals: config.portals });
         }
+        if config.transaction_timeout == Some(Duration::ZERO) {
+            return Err(LnetError::BadTransactionTimeout);
+        }
         // A per-instance interface cookie (LNet's `ln_interface_cookie`): random, so wire
         // handles of a restarted node do not name the old instance's MDs.
         let cookie = {
@@ -458,6 +482,7 @@ impl Lnet {
                 next_token: 1,
                 nis: Vec::new(),
                 lazy: Lazy::new(config.lazy_max_bytes),
+                response_timeouts: 0,
             }),
             quiet: Condvar::new(),
             quiet_waiters: AtomicUsize::new(0),
@@ -465,7 +490,12 @@ impl Lnet {
             outbox: Mutex::new(VecDeque::new()),
             outbox_len: AtomicUsize::new(0),
             delivering: Mutex::new(VecDeque::new()),
+            monitor: std::sync::OnceLock::new(),
         });
+        if let Some(timeout) = config.transaction_timeout {
+            let monitor = Monitor::start(inner.me.clone(), timeout).map_err(LnetError::Monitor)?;
+            let _ = inner.monitor.set(monitor);
+        }
         Ok(Lnet { _owner: Arc::new(Owner(inner.clone())), inner })
     }
 
@@ -638,7 +668,7 @@ impl Lnet {
             st.check_running()?;
             let removed = st.table.me_unlink(me)?;
             if let Some(u) = removed {
-                st.unlink_md(u.user_ptr, work);
+                st.unlink_md(u.user_ptr, Errno::ECANCELED, work);
             }
             Ok(())
         })
@@ -673,7 +703,7 @@ impl Lnet {
                 // Already gone from the table if it was auto-unlinked: nothing more to remove.
                 let _ = st.table.md_unlink(h);
             }
-            st.unlink_md(id, work);
+            st.unlink_md(id, Errno::ECANCELED, work);
             Ok(())
         })
     }
@@ -930,6 +960,9 @@ impl Inner {
             }
         });
         self.down.notify_all();
+        if let Some(m) = self.monitor.get() {
+            m.stop();
+        }
         if let Err(panic) = stopped {
             std::panic::resume_unwind(panic);
         }
@@ -1067,3 +1100,5 @@ fn event_template(
 mod lazy_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod timeout_tests;

@@ -80,7 +80,14 @@ impl State {
             t.kind = EventKind::Ack;
             t.msg_type = Some(LnetMsgType::Ack);
             t.mlength = 0;
-            let p = Pending { op: token, kind: EventKind::Ack, peer: target.nid, match_bits, template: t };
+            let p = Pending {
+                op: token,
+                kind: EventKind::Ack,
+                peer: target.nid,
+                match_bits,
+                template: t,
+                sweeps: 0,
+            };
             self.push_pending(id, p);
         }
         Ok(())
@@ -137,7 +144,14 @@ impl State {
         t.msg_type = Some(LnetMsgType::Reply);
         t.mlength = 0;
         t.offset = 0;
-        let p = Pending { op: token, kind: EventKind::Reply, peer: target.nid, match_bits, template: t };
+        let p = Pending {
+            op: token,
+            kind: EventKind::Reply,
+            peer: target.nid,
+            match_bits,
+            template: t,
+            sweeps: 0,
+        };
         self.push_pending(id, p);
         Ok(())
     }

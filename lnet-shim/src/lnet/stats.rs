@@ -172,6 +172,9 @@ pub struct LnetStats {
     pub messages: usize,
     /// Lazy portals and the PUTs waiting on them.
     pub lazy: super::LazyStats,
+    /// ACKs and REPLYs given up after the transaction timeout (their MDs unlinked, the
+    /// responses ended with `-ETIMEDOUT`; the kernel's `response_timeout` count).
+    pub response_timeouts: u64,
 }
 
 impl LnetStats {
@@ -189,6 +192,7 @@ impl State {
             mds: self.mds.len(),
             messages: self.msgs.len(),
             lazy: self.lazy.stats(),
+            response_timeouts: self.response_timeouts,
         }
     }
 }
@@ -318,7 +322,11 @@ impl fmt::Display for NiStats {
 
 impl fmt::Display for LnetStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "lnet pid {}: {} MDs, {} messages in progress", self.pid, self.mds, self.messages)?;
+        write!(f, "lnet pid {}: {} MDs, {} messages in progress", self.pid, self.mds, self.messages)?;
+        if self.response_timeouts > 0 {
+            write!(f, ", {} responses timed out", self.response_timeouts)?;
+        }
+        writeln!(f)?;
         let l = &self.lazy;
         if l.portals > 0 || l.delayed > 0 {
             writeln!(

@@ -67,7 +67,7 @@ pub(super) fn next(q: &EventQueue) -> Event {
 }
 
 /// The next `n` events, sorted by kind number (SEND/ACK/REPLY order is not fixed).
-fn events(q: &EventQueue, n: usize) -> Vec<Event> {
+pub(super) fn events(q: &EventQueue, n: usize) -> Vec<Event> {
     let mut v: Vec<Event> = (0..n).map(|_| next(q)).collect();
     v.sort_by_key(|e| e.kind.as_u32());
     v
@@ -78,7 +78,13 @@ pub(super) fn no_more(q: &EventQueue) {
 }
 
 /// Target side: an MD of `len` bytes on PORTAL for match bits `bits`.
-fn post(n: &Node, bits: u64, len: usize, options: MdOptions, q: &EventQueue) -> (Arc<Buffer>, MdHandle) {
+pub(super) fn post(
+    n: &Node,
+    bits: u64,
+    len: usize,
+    options: MdOptions,
+    q: &EventQueue,
+) -> (Arc<Buffer>, MdHandle) {
     let b = Arc::new(Buffer::new(len));
     let md = Md::contiguous(b.clone()).with_options(options).with_events(q.clone()).with_user_ptr(bits);
     let (_, h) = n.lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, bits), md, Unlink::Retain).unwrap();
