@@ -118,7 +118,9 @@ fn sweeps_spare_answered_operations_and_expire_whole_mds() {
     let (a, b) = (node(&net, "10.0.0.1"), node(&net, "10.0.0.2"));
     let (qa, qb) = (EventQueue::new(64), EventQueue::new(64));
     post(&b, 1, 10, MdOptions::OP_PUT, &qb);
+    // One PUT each (`post`'s MDs take one operation).
     post(&b, 2, 10, MdOptions::OP_PUT | MdOptions::ACK_DISABLE, &qb);
+    post(&b, 3, 10, MdOptions::OP_PUT | MdOptions::ACK_DISABLE, &qb);
     let h = a.lnet.md_bind(Md::contiguous(buf(&[3; 10])).with_events(qa.clone()), Unlink::Retain).unwrap();
     // Answered: two sweeps before the ACK comes are no harm.
     a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, 1, 0, 0).unwrap();
@@ -132,8 +134,10 @@ fn sweeps_spare_answered_operations_and_expire_whole_mds() {
     a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, 2, 0, 0).unwrap();
     assert_eq!(next(&qa).kind, EventKind::Send);
     assert_eq!(a.lnet.sweep_responses(), 0);
-    a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, 2, 0, 0).unwrap();
+    a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, 3, 0, 0).unwrap();
     assert_eq!(next(&qa).kind, EventKind::Send);
+    // Both PUTs landed (the target's events): nothing is on its way back.
+    assert_eq!((next(&qb).kind, next(&qb).kind), (EventKind::Put, EventKind::Put));
     assert_eq!(a.lnet.sweep_responses(), 0);
     assert_eq!(a.lnet.sweep_responses(), 2);
     let ev: Vec<Event> = (0..3).map(|_| next(&qa)).collect();
@@ -182,7 +186,11 @@ fn the_monitor_thread_times_out_a_silent_ack() {
     assert_eq!(next(&qa).kind, EventKind::Send);
     let ack = qa.wait(WAIT).expect("the monitor gives the ACK up within the wait");
     assert_eq!((ack.kind, ack.status), (EventKind::Ack, Err(Errno::ETIMEDOUT)));
-    assert_eq!(next(&qa).kind, EventKind::Unlink);
+    if !ack.unlinked {
+        // The usual case; on a loaded machine the SEND may still have been in flight at the
+        // timeout, and then the ACK is the MD's last event.
+        assert_eq!(next(&qa).kind, EventKind::Unlink);
+    }
     assert_eq!(lnet.stats().response_timeouts, 1);
     lnet.shutdown();
     assert!(lnet.inner.monitor.get().is_some_and(|m| m.is_stopped()));
