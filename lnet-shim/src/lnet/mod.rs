@@ -453,7 +453,9 @@ impl Lnet {
     ///
     /// # Errors
     ///
-    /// [`LnetError::BadPortals`] when `config.portals` is 0 or above [`PORTALS_MAX`].
+    /// [`LnetError::BadPortals`] when `config.portals` is 0 or above [`PORTALS_MAX`];
+    /// [`LnetError::BadTransactionTimeout`] for a zero `config.transaction_timeout`;
+    /// [`LnetError::Monitor`] when the monitor thread that times responses out cannot start.
     pub fn new(config: LnetConfig) -> Result<Lnet, LnetError> {
         if !(1..=PORTALS_MAX).contains(&config.portals) {
             return Err(LnetError::BadPortals { portals: config.portals });
