@@ -698,6 +698,11 @@ fn tunables() -> Vec<Seed> {
         ("rendered", lnd::tunables::Tunables::default().to_modprobe_string()),
         ("missing-module", "options\n".to_owned()),
         ("unknown-directive", "option ko2iblnd ntx=512\n".to_owned()),
+        (
+            "lnet-timeouts",
+            "options lnet lnet_transaction_timeout=30\noptions lnet lnet-transaction-timeout=0x7fffffff\n".to_owned(),
+        ),
+        ("lnet-timeout-zero", "options lnet networks=o2ib0(lo) lnet_transaction_timeout=0\n".to_owned()),
     ];
     texts.into_iter().map(|(label, text)| seed(label, text.into_bytes())).collect()
 }

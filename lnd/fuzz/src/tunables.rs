@@ -9,7 +9,9 @@
 //!   starts with `file:line`;
 //! * every warning's location lies inside its source;
 //! * an accepted configuration is finalized (finalizing again changes nothing), and its
-//!   [`Tunables::to_modprobe_string`] line parses back to the same tunables.
+//!   [`Tunables::to_modprobe_string`] line parses back to the same tunables;
+//! * its LNet configuration (`ParsedConfig::lnet_config`) has a transaction timeout of 1 to
+//!   2^31 - 1 seconds, or is refused with the location of its `lnet_transaction_timeout`.
 
 use lnd::tunables::{Location, Tunables};
 
@@ -47,6 +49,19 @@ pub fn run(data: &[u8]) {
             for o in &c.lnet_options {
                 let _ = o.normalized_key();
                 assert!(o.at.line >= 1 && o.at.line <= lines_in(&o.at), "{o:?}");
+            }
+            match c.lnet_config() {
+                Ok(lnet) => {
+                    let secs = lnet.transaction_timeout.map(|d| d.as_secs());
+                    assert!(secs.is_some_and(|s| (1..=i32::MAX as u64).contains(&s)), "{secs:?}");
+                }
+                Err(e) => {
+                    let at =
+                        e.location().unwrap_or_else(|| panic!("lnet_config error without a location: {e:?}"));
+                    let o = c.lnet_option("lnet_transaction_timeout").expect("refused without the parameter");
+                    assert_eq!(at, &o.at, "{e}");
+                    assert!(e.to_string().starts_with(&format!("{at}:")), "{e}");
+                }
             }
             let _ = (c.tunables.tx_timeout(), c.tunables.connect_timeout(), c.tunables.keepalive_interval());
             let _ = (c.tunables.peer_credits_hiw_for(7), c.tunables.concurrent_sends_for(300));
