@@ -231,10 +231,11 @@ impl ParsedConfig {
         self.lnet_options.iter().rev().find(|o| o.normalized_key() == key)
     }
 
-    /// LNet's configuration ([`lnet_shim::LnetConfig`], defaults elsewhere) with what the
-    /// file's `options lnet` parameters set of it: `lnet_transaction_timeout` (seconds, 1 to
-    /// 2^31 - 1, LNet's default 150: how long an ACK or REPLY is waited for). The
-    /// others (`networks`, ...) are the caller's to read.
+    /// LNet's configuration: lnet-shim's defaults ([`lnet_shim::LnetConfig`]) with what the
+    /// file's `options lnet` parameters set of it, `lnet_transaction_timeout` (seconds, 1 to
+    /// 2^31 - 1, LNet's default 150: how long an ACK or REPLY is waited for). A bad value is
+    /// refused with its place in the file. The other parameters (`networks`, ...) are the
+    /// caller's to read.
     pub fn lnet_config(&self) -> Result<lnet_shim::LnetConfig, TunablesError> {
         let mut config = lnet_shim::LnetConfig::default();
         if let Some(o) = self.lnet_option("lnet_transaction_timeout") {
