@@ -77,6 +77,13 @@ pub(super) fn no_more(q: &EventQueue) {
     assert_eq!(q.wait(Duration::from_millis(50)), None);
 }
 
+/// Initiator side: `data` bound for one operation and its response (threshold 2, unlinked
+/// with the response), its events to `q`.
+pub(super) fn bind_for_one_op(n: &Node, data: Arc<Buffer>, q: &EventQueue) -> MdHandle {
+    let md = Md::contiguous(data).with_threshold(Threshold::Count(2)).with_events(q.clone());
+    n.lnet.md_bind(md, Unlink::Auto).unwrap()
+}
+
 /// Target side: an MD of `len` bytes on PORTAL for match bits `bits`.
 pub(super) fn post(
     n: &Node,
@@ -117,8 +124,7 @@ fn put_with_ack_small_and_large() {
         let (qa, qb) = (EventQueue::new(16), EventQueue::new(16));
         let (sink, target_md) = post(&b, bits, len + 10, MdOptions::OP_PUT, &qb);
         let data = pattern(bits, len);
-        let md = Md::contiguous(buf(&data)).with_threshold(Threshold::Count(2)).with_events(qa.clone());
-        let h = a.lnet.md_bind(md, Unlink::Auto).unwrap();
+        let h = bind_for_one_op(&a, buf(&data), &qa);
         a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, bits, 0, 0xfeed).unwrap();
 
         let put = next(&qb);
@@ -166,13 +172,7 @@ fn get_reply_by_rdma_and_by_reply_message() {
             b.lnet.attach(PORTAL, MatchEntry::new(ANY_PROCESS, bits), src, Unlink::Retain).unwrap();
             // A sink larger than the source: the reply is the source's length.
             let sink = Arc::new(Buffer::new(len + 100));
-            let h = a
-                .lnet
-                .md_bind(
-                    Md::contiguous(sink.clone()).with_threshold(Threshold::Count(2)).with_events(qa.clone()),
-                    Unlink::Auto,
-                )
-                .unwrap();
+            let h = bind_for_one_op(&a, sink.clone(), &qa);
             a.lnet.get(h, b.pid(), PORTAL, bits, 0).unwrap();
             let (send, reply) = (next(&qa), next(&qa));
             assert_eq!((send.kind, send.status, send.unlinked), (EventKind::Send, Ok(()), false));
@@ -250,8 +250,7 @@ fn truncation_allowed_and_refused() {
     post(&b, 2, 100, MdOptions::OP_PUT, &qb);
     let data = pattern(9, 150);
     for bits in [1, 2] {
-        let md = Md::contiguous(buf(&data)).with_threshold(Threshold::Count(2)).with_events(qa.clone());
-        let h = a.lnet.md_bind(md, Unlink::Auto).unwrap();
+        let h = bind_for_one_op(&a, buf(&data), &qa);
         a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, bits, 0, 0).unwrap();
     }
     let put = next(&qb);
@@ -1021,8 +1020,7 @@ fn a_small_put_with_ack_to_another_pid_gets_the_drop_nak() {
     let (a, b) = (node(&net, "10.0.21.1"), node(&net, "10.0.21.2"));
     let qa = EventQueue::new(16);
     post(&b, 1, 64, MdOptions::OP_PUT, &EventQueue::new(4));
-    let md = Md::contiguous(buf(&[1; 64])).with_threshold(Threshold::Count(2)).with_events(qa.clone());
-    let h = a.lnet.md_bind(md, Unlink::Auto).unwrap();
+    let h = bind_for_one_op(&a, buf(&[1; 64]), &qa);
     a.lnet.put(h, AckReq::Ack, ProcessId::new(b.nid, 99), PORTAL, 1, 0, 0).unwrap();
     let (send, ack) = (next(&qa), next(&qa));
     assert_eq!((send.kind, send.status), (EventKind::Send, Ok(())));

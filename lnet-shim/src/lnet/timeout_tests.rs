@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::tests::{PORTAL, WAIT, buf, events, next, no_more, node, post};
+use super::tests::{PORTAL, WAIT, bind_for_one_op, buf, events, next, no_more, node, post};
 use super::*;
 use crate::event::{EventKind, EventQueue};
 use crate::loopback::{LoopbackConfig, LoopbackNet};
-use crate::matching::{MdOptions, Threshold};
+use crate::matching::MdOptions;
 
 /// A PUT whose target never acknowledges (`ACK_DISABLE`): its ACK is given up on the third
 /// sweep, not before, with `-ETIMEDOUT`, and the MD goes (an UNLINK event; its handle is
@@ -19,7 +19,7 @@ fn an_ack_that_never_comes_times_out_on_the_third_sweep() {
     let (a, b) = (node(&net, "10.0.0.1"), node(&net, "10.0.0.2"));
     let (qa, qb) = (EventQueue::new(16), EventQueue::new(16));
     post(&b, 9, 10, MdOptions::OP_PUT | MdOptions::ACK_DISABLE, &qb);
-    let h = a.lnet.md_bind(Md::contiguous(buf(&[4; 10])).with_events(qa.clone()), Unlink::Retain).unwrap();
+    let h = source(&a.lnet, 4, &qa);
     a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, 9, 0, 0).unwrap();
     assert_eq!(next(&qa).kind, EventKind::Send);
     assert_eq!(next(&qb).kind, EventKind::Put);
@@ -52,13 +52,7 @@ fn a_late_reply_is_dropped_after_its_get_timed_out() {
     let (src, _) = post(&b, 3, 64, MdOptions::OP_GET, &qb);
     src.write(0, &[7; 64]).unwrap();
     let sink = Arc::new(crate::buffer::Buffer::new(64));
-    let h = a
-        .lnet
-        .md_bind(
-            Md::contiguous(sink.clone()).with_threshold(Threshold::Count(2)).with_events(qa.clone()),
-            Unlink::Auto,
-        )
-        .unwrap();
+    let h = bind_for_one_op(&a, sink.clone(), &qa);
     b.lnd.pause();
     a.lnet.get(h, b.pid(), PORTAL, 3, 0).unwrap();
     assert_eq!(next(&qa).kind, EventKind::Send);
@@ -74,8 +68,7 @@ fn a_late_reply_is_dropped_after_its_get_timed_out() {
     // The REPLY went out when b resumed; the loopback delivers in order, so a PUT behind it
     // proves a has handled it.
     let (_, _) = post(&b, 4, 10, MdOptions::OP_PUT, &qb);
-    let probe =
-        a.lnet.md_bind(Md::contiguous(buf(&[1; 10])).with_events(qa.clone()), Unlink::Retain).unwrap();
+    let probe = source(&a.lnet, 1, &qa);
     a.lnet.put(probe, AckReq::Ack, b.pid(), PORTAL, 4, 0, 0).unwrap();
     let ev = events(&qa, 2);
     assert!(ev.iter().any(|e| (e.kind, e.status) == (EventKind::Ack, Ok(()))), "{ev:?}");
@@ -94,7 +87,7 @@ fn a_timeout_while_the_send_is_in_flight_waits_for_the_send_event() {
     let (qa, qb) = (EventQueue::new(16), EventQueue::new(16));
     post(&b, 5, 10, MdOptions::OP_PUT | MdOptions::ACK_DISABLE, &qb);
     a.lnd.pause();
-    let h = a.lnet.md_bind(Md::contiguous(buf(&[2; 10])).with_events(qa.clone()), Unlink::Retain).unwrap();
+    let h = source(&a.lnet, 2, &qa);
     a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, 5, 0, 0).unwrap();
     for _ in 0..EXPIRE_SWEEPS {
         a.lnet.sweep_responses();
@@ -121,7 +114,7 @@ fn sweeps_spare_answered_operations_and_expire_whole_mds() {
     // One PUT each (`post`'s MDs take one operation).
     post(&b, 2, 10, MdOptions::OP_PUT | MdOptions::ACK_DISABLE, &qb);
     post(&b, 3, 10, MdOptions::OP_PUT | MdOptions::ACK_DISABLE, &qb);
-    let h = a.lnet.md_bind(Md::contiguous(buf(&[3; 10])).with_events(qa.clone()), Unlink::Retain).unwrap();
+    let h = source(&a.lnet, 3, &qa);
     // Answered: two sweeps before the ACK comes are no harm.
     a.lnet.put(h, AckReq::Ack, b.pid(), PORTAL, 1, 0, 0).unwrap();
     a.lnet.sweep_responses();
@@ -147,7 +140,7 @@ fn sweeps_spare_answered_operations_and_expire_whole_mds() {
     assert_eq!(a.lnet.stats().response_timeouts, 2);
     // Shutdown ends what waits with -ESHUTDOWN; sweeps do nothing after it.
     post(&b, 11, 10, MdOptions::OP_PUT | MdOptions::ACK_DISABLE, &qb);
-    let h2 = a.lnet.md_bind(Md::contiguous(buf(&[3; 10])).with_events(qa.clone()), Unlink::Retain).unwrap();
+    let h2 = source(&a.lnet, 3, &qa);
     a.lnet.put(h2, AckReq::Ack, b.pid(), PORTAL, 11, 0, 0).unwrap();
     assert_eq!(next(&qa).kind, EventKind::Send);
     a.lnet.shutdown();
@@ -181,7 +174,7 @@ fn the_monitor_thread_times_out_a_silent_ack() {
     lnet.add_ni(a_nid, 256, 8, |up| net.start(a_nid, up).map(|l| l as Arc<dyn Lnd>)).unwrap();
     let (qa, qb) = (EventQueue::new(16), EventQueue::new(16));
     post(&b, 9, 10, MdOptions::OP_PUT | MdOptions::ACK_DISABLE, &qb);
-    let h = lnet.md_bind(Md::contiguous(buf(&[4; 10])).with_events(qa.clone()), Unlink::Retain).unwrap();
+    let h = source(&lnet, 4, &qa);
     lnet.put(h, AckReq::Ack, b.pid(), PORTAL, 9, 0, 0).unwrap();
     assert_eq!(next(&qa).kind, EventKind::Send);
     let ack = qa.wait(WAIT).expect("the monitor gives the ACK up within the wait");
@@ -197,3 +190,9 @@ fn the_monitor_thread_times_out_a_silent_ack() {
 }
 
 const EXPIRE_SWEEPS: u8 = super::timeout::EXPIRE_AFTER_SWEEPS;
+
+/// A 10-byte source filled with `fill`, bound for any number of operations (kept), its events
+/// to `q`.
+fn source(lnet: &Lnet, fill: u8, q: &EventQueue) -> MdHandle {
+    lnet.md_bind(Md::contiguous(buf(&[fill; 10])).with_events(q.clone()), Unlink::Retain).unwrap()
+}
